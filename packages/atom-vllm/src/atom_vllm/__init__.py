@@ -1,1 +1,1 @@
-"""placeholder"""
+"""ATOM as a vLLM plugin. Entry points live in :mod:`atom_vllm.register`."""

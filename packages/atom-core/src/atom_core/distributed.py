@@ -1,0 +1,47 @@
+"""Tensor-parallel group as seen by ATOM layers.
+
+ATOM never creates process groups of its own: the host engine (vLLM, SGLang) installs its TP group
+through :func:`set_tp_group`; standalone use is a single rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    rank: int
+    world_size: int
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+    all_gather: Callable[[torch.Tensor, int], torch.Tensor]  # (tensor, dim) -> gathered
+
+
+def _identity_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _identity_all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x
+
+
+SINGLE_RANK = TPGroup(0, 1, _identity_all_reduce, _identity_all_gather)
+_tp_group: TPGroup = SINGLE_RANK
+
+
+def set_tp_group(group: TPGroup) -> None:
+    global _tp_group
+    _tp_group = group
+
+
+def get_tp_group() -> TPGroup:
+    return _tp_group
+
+
+def divide(numerator: int, denominator: int) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{numerator} is not divisible by the tensor-parallel size {denominator}")
+    return numerator // denominator

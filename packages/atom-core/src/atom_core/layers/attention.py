@@ -1,0 +1,95 @@
+"""Attention front-end: the model-side layer that the host engine's attention plugs into.
+
+Models call ``Attention(q, k, v)`` with RoPE already applied. What runs underneath is chosen by the
+host integration through :func:`set_attention_factory`:
+
+- vLLM: a ``vllm`` ``Attention`` layer, so vLLM allocates and binds the paged KV cache and builds
+  metadata; with ATOM's platform active its impl is ATOM's paged attention (atom_vllm.attention).
+- SGLang: a ``RadixAttention`` over SGLang's KV pool (atom_sglang).
+- Standalone (tests, HF parity): causal attention over the sequences of the batch given by
+  :func:`standalone_batch`, without a KV cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import atom_kernels
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Everything a backend needs to build its attention for one layer (per-rank head counts)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    scale: float
+    prefix: str
+    layer_id: int
+    sliding_window: int | None = None
+    sinks: torch.Tensor | None = None
+
+
+AttentionFactory = Callable[[AttentionSpec], nn.Module]
+
+
+class StandaloneAttention(nn.Module):
+    """Cache-less causal attention over the batch set by :func:`standalone_batch`."""
+
+    def __init__(self, spec: AttentionSpec):
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if _standalone_cu_seqlens is None:
+            raise RuntimeError("standalone ATOM attention needs a batch: wrap the call in standalone_batch()")
+        s = self.spec
+        cu = _standalone_cu_seqlens.to(q.device)
+        out = atom_kernels.varlen_attention(
+            q.view(-1, s.num_heads, s.head_size),
+            k.view(-1, s.num_kv_heads, s.head_size),
+            v.view(-1, s.num_kv_heads, s.head_size),
+            cu, cu, s.scale, True, s.sliding_window, s.sinks,
+        )
+        return out.reshape(q.shape[0], -1)
+
+
+_factory: AttentionFactory = StandaloneAttention
+_standalone_cu_seqlens: torch.Tensor | None = None
+
+
+def set_attention_factory(factory: AttentionFactory) -> None:
+    global _factory
+    _factory = factory
+
+
+def get_attention_factory() -> AttentionFactory:
+    return _factory
+
+
+@contextlib.contextmanager
+def standalone_batch(seq_lens: list[int]) -> Iterator[None]:
+    """Run standalone models on a flattened batch of sequences with these lengths."""
+    global _standalone_cu_seqlens
+    previous = _standalone_cu_seqlens
+    _standalone_cu_seqlens = torch.tensor([0, *seq_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    try:
+        yield
+    finally:
+        _standalone_cu_seqlens = previous
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: AttentionSpec):
+        super().__init__()
+        self.spec = spec
+        self.impl = _factory(spec)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.impl(q, k, v)

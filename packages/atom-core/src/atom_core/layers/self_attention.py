@@ -1,0 +1,74 @@
+"""The decoder self-attention block shared by the model families.
+
+qkv projection -> optional per-head QK RMSNorm -> RoPE -> :class:`Attention` -> o projection.
+Family differences (bias, QK-norm, partial rotary, sliding window, sinks) are constructor arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from atom_core.layers.attention import Attention, AttentionSpec
+from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
+from atom_core.layers.norm import RMSNorm
+from atom_core.layers.rotary import RotaryEmbedding
+
+
+class DecoderSelfAttention(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rope: dict[str, Any],
+        max_position: int,
+        layer_id: int,
+        prefix: str,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm_eps: float | None = None,
+        rotary_dim: int | None = None,
+        sliding_window: int | None = None,
+    ):
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, prefix=f"{prefix}.qkv_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            num_heads * head_dim, hidden_size, o_bias, prefix=f"{prefix}.o_proj"
+        )
+        self.head_dim = head_dim
+        self.q_size = self.qkv_proj.num_heads * head_dim
+        self.kv_size = self.qkv_proj.num_kv_heads * head_dim
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary_emb = RotaryEmbedding(head_dim, rotary_dim or head_dim, max_position, rope)
+        self.attn = Attention(
+            AttentionSpec(
+                num_heads=self.qkv_proj.num_heads,
+                num_kv_heads=self.qkv_proj.num_kv_heads,
+                head_size=head_dim,
+                scale=head_dim**-0.5,
+                prefix=f"{prefix}.attn",
+                layer_id=layer_id,
+                sliding_window=sliding_window,
+            )
+        )
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v.contiguous()))
+
+

@@ -1,0 +1,127 @@
+"""Checkpoint loading: HF tensor names -> ATOM parameters, strict in both directions.
+
+Every checkpoint tensor must map to a parameter (else :class:`CheckpointError` naming the tensor),
+and every parameter shard must be filled (else an error naming the checkpoint tensor that was
+expected). Parameters declare their shards through ``expected_shards`` (see layers.linear).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StackedWeight:
+    """A checkpoint module fused into a bigger parameter: ``q_proj`` -> ``qkv_proj`` shard ``"q"``."""
+
+    checkpoint: str
+    param: str
+    shard: Any
+
+
+@dataclass(frozen=True)
+class ExpertWeightNames:
+    """Per-expert checkpoint names (``experts.{e}.<gate>.weight``) of a stacked FusedMoE."""
+
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    container: str = "experts"
+
+
+@dataclass
+class WeightMap:
+    stacked: list[StackedWeight] = field(default_factory=list)
+    experts: ExpertWeightNames | None = None
+    # Checkpoint tensors that carry nothing ATOM needs (e.g. rotary inv_freq, tied lm_head).
+    ignored: list[str] = field(default_factory=list)
+
+    def is_ignored(self, name: str) -> bool:
+        return any(re.fullmatch(pattern, name) for pattern in self.ignored)
+
+    def to_param(self, name: str) -> tuple[str, Any]:
+        """(parameter name, shard id) of a checkpoint tensor name."""
+        if self.experts is not None:
+            e = self.experts
+            match = re.fullmatch(
+                rf"(.*\.{e.container})\.(\d+)\.({e.gate}|{e.up}|{e.down})\.weight", name
+            )
+            if match:
+                base, expert, kind = match.group(1), int(match.group(2)), match.group(3)
+                if kind == e.down:
+                    return f"{base}.w2_weight", expert
+                return f"{base}.w13_weight", (expert, 0 if kind == e.gate else 1)
+        parts = name.split(".")
+        for rule in self.stacked:
+            if rule.checkpoint in parts:
+                parts[parts.index(rule.checkpoint)] = rule.param
+                return ".".join(parts), rule.shard
+        return name, None
+
+    def to_checkpoint(self, param_name: str, shard: Any) -> str:
+        """The checkpoint tensor that fills ``shard`` of ``param_name`` (for error messages)."""
+        if self.experts is not None and param_name.endswith(("w13_weight", "w2_weight")):
+            e = self.experts
+            base = param_name.rsplit(".", 1)[0]
+            if param_name.endswith("w2_weight"):
+                return f"{base}.{shard}.{e.down}.weight"
+            expert, half = shard
+            return f"{base}.{expert}.{e.gate if half == 0 else e.up}.weight"
+        parts = param_name.split(".")
+        for rule in self.stacked:
+            if rule.param in parts and rule.shard == shard:
+                parts[parts.index(rule.param)] = rule.checkpoint
+                return ".".join(parts)
+        return param_name
+
+
+def load_weights(
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], weight_map: WeightMap
+) -> set[str]:
+    """Load HF-named tensors into ``model``; returns the names of all loaded parameters."""
+    params = dict(model.named_parameters())
+    filled: dict[str, set[Any]] = {name: set() for name in params}
+    for name, tensor in weights:
+        if weight_map.is_ignored(name):
+            continue
+        param_name, shard = weight_map.to_param(name)
+        param = params.get(param_name)
+        if param is None:
+            raise CheckpointError(f"checkpoint tensor {name!r} does not match any ATOM parameter")
+        try:
+            with torch.no_grad():
+                param.weight_loader(param, tensor.to(param.dtype), shard)
+        except (ValueError, IndexError, RuntimeError) as exc:
+            raise CheckpointError(f"checkpoint tensor {name!r}: {exc}") from exc
+        filled[param_name].add(shard)
+    for param_name, param in params.items():
+        missing = [s for s in param.expected_shards if s not in filled[param_name]]
+        if missing:
+            names = ", ".join(repr(weight_map.to_checkpoint(param_name, s)) for s in missing[:4])
+            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            raise CheckpointError(f"checkpoint is missing tensor {names}{more}")
+    return set(params)
+
+
+def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """All tensors of the ``*.safetensors`` files in ``model_dir``."""
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {model_dir}")
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

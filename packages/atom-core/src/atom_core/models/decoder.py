@@ -1,0 +1,103 @@
+"""The pre-norm decoder trunk every ATOM causal LM shares.
+
+A family file supplies one function, ``make_layer(layer_id, prefix) -> DecoderLayer``, and a
+:class:`~atom_core.loader.WeightMap`; embedding, layer loop, final norm, LM head, logits and weight
+loading live here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from atom_core.config import Config
+from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from atom_core.layers.norm import RMSNorm
+from atom_core.loader import StackedWeight, WeightMap, load_weights
+
+# HF q/k/v and gate/up projections, fused into one GEMM each.
+STACKED_QKV_GATE_UP = [
+    StackedWeight("q_proj", "qkv_proj", "q"),
+    StackedWeight("k_proj", "qkv_proj", "k"),
+    StackedWeight("v_proj", "qkv_proj", "v"),
+    StackedWeight("gate_proj", "gate_up_proj", 0),
+    StackedWeight("up_proj", "gate_up_proj", 1),
+]
+
+
+def join_prefix(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class DecoderLayer(nn.Module):
+    """x -> norm -> self_attn -> (+res) norm -> mlp, with residual adds fused into the norms."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.mlp = mlp
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: Config, make_layer: Callable[[int, str], nn.Module], prefix: str):
+        super().__init__()
+        hf = config.hf_config
+        self.embed_tokens = VocabParallelEmbedding(hf.vocab_size, hf.hidden_size, f"{prefix}.embed_tokens")
+        self.layers = nn.ModuleList(
+            make_layer(i, f"{prefix}.layers.{i}") for i in range(hf.num_hidden_layers)
+        )
+        self.norm = RMSNorm(hf.hidden_size, hf.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class CausalLM(nn.Module):
+    """Base of every ATOM causal LM: ``forward`` returns hidden states, ``compute_logits`` logits."""
+
+    def __init__(self, config: Config, make_layer: Callable[[int, str], nn.Module],
+                 weight_map: WeightMap, prefix: str = ""):
+        super().__init__()
+        hf = config.hf_config
+        self.config = config
+        self.model = DecoderModel(config, make_layer, join_prefix(prefix, "model"))
+        self.lm_head = ParallelLMHead(hf.vocab_size, hf.hidden_size, join_prefix(prefix, "lm_head"))
+        self.weight_map = weight_map
+        self.weight_map.ignored.append(r".*rotary_emb\.inv_freq")
+        if getattr(hf, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.weight_map.ignored.append(r"lm_head\.weight")
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_weights(self, weights, self.weight_map)

@@ -1,0 +1,29 @@
+"""Architectures ATOM implements: HF architecture name -> ATOM model class, and whether it is MoE."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    module: str
+    class_name: str
+    is_moe: bool
+
+
+SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
+    "Qwen3ForCausalLM": ModelEntry("atom_core.models.qwen3", "Qwen3ForCausalLM", False),
+    "Qwen3MoeForCausalLM": ModelEntry("atom_core.models.qwen3_moe", "Qwen3MoeForCausalLM", True),
+}
+
+
+def get_model_class(architecture: str) -> type:
+    entry = SUPPORTED_ARCHITECTURES.get(architecture)
+    if entry is None:
+        raise KeyError(
+            f"ATOM has no implementation of {architecture!r}; "
+            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+        )
+    return getattr(importlib.import_module(entry.module), entry.class_name)

@@ -1,0 +1,1 @@
+"""Test and demo support: tiny random HF models built in code (no downloads, nothing committed)."""

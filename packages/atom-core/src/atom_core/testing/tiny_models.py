@@ -1,0 +1,111 @@
+"""Tiny random HF checkpoints built in code: config.json + model.safetensors + a trained tokenizer.
+
+Used by the test suites and by the quick-start demo. The sizes are deliberately odd (hidden size not a
+power of two, GQA, vocab not a multiple of 64) so that shape bugs show up. Weights are drawn with a
+fixed seed and a larger-than-default std so that greedy decoding is not dominated by near-ties.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+# A small corpus for the BPE tokenizer; the content only needs to give a few hundred merges.
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "ATOM serves large language models through vLLM and SGLang.",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "Mixture of experts routes every token to a few experts.",
+    "Tensor parallelism splits each matrix across several devices.",
+    "Rotary position embeddings rotate queries and keys by position.",
+    "Once upon a time there was a tiny model that wanted to talk.",
+    "def forward(self, input_ids, positions): return self.model(input_ids, positions)",
+    "0123456789 + - * / = ( ) [ ] { } < > , . ; : ! ? ' \"",
+] * 20
+
+VOCAB_SIZE = 499
+
+_BASE: dict[str, Any] = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=80,
+    intermediate_size=136,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen3ForCausalLM": dict(model_type="qwen3", rope_theta=10000.0),
+    "Qwen3MoeForCausalLM": dict(
+        model_type="qwen3_moe",
+        rope_theta=10000.0,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+    ),
+}
+
+
+def tiny_hf_config(architecture: str, **overrides: Any):
+    from transformers import AutoConfig
+
+    settings = {**_BASE, **TINY_CONFIGS[architecture], **overrides}
+    model_type = settings.pop("model_type")
+    config = AutoConfig.for_model(model_type, **settings)
+    config.architectures = [architecture]
+    return config
+
+
+def build_tokenizer(out_dir: str) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    fast.save_pretrained(out_dir)
+
+
+def build_tiny_model(architecture: str, out_dir: str, seed: int = 0, std: float = 0.1,
+                     **overrides: Any) -> str:
+    """Write a tiny random ``architecture`` checkpoint to ``out_dir`` (fp32) and return the path."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_hf_config(architecture, **overrides)
+    config.initializer_range = std
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    build_tokenizer(out_dir)
+    # Generation stops only on the caller's max_tokens: parity tests compare fixed-length outputs.
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"do_sample": False, "bos_token_id": 1, "eos_token_id": None}, f)
+    return out_dir

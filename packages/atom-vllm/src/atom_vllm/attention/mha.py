@@ -1,0 +1,201 @@
+"""ATOM's multi-head (GQA) attention backend for vLLM: backend class, metadata builder, impl.
+
+vLLM keeps KV-cache allocation and scheduling; ATOM declares the cache layout
+``(2, num_blocks, block_size, num_kv_heads, head_size)``, turns vLLM's CommonAttentionMetadata into
+a decode / extend / prefill split, writes K/V into the cache and runs attention through
+atom_kernels:
+
+- decode: one new token per request, paged attention over the cache;
+- extend: several new tokens over cached context (chunked prefill, prefix-cache hits), paged;
+- prefill: whole prompts with no cached context, varlen attention over the fresh K/V.
+
+vLLM reorders each batch so requests run [decodes | extends | prefills] (reorder_batch_threshold 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+
+import atom_kernels
+
+
+class ATOMAttentionBackend(AttentionBackend):
+    accept_output_buffer: bool = True
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        # Out-of-tree backends register under vLLM's CUSTOM slot (see register.register_model).
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls() -> type[ATOMAttentionImpl]:
+        return ATOMAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[ATOMAttentionMetadataBuilder]:
+        return ATOMAttentionMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [32, 64, 80, 96, 112, 128, 160, 192, 256]
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @staticmethod
+    def use_cascade_attention(*args, **kwargs) -> bool:
+        # ATOM has no cascade kernel: shared prefixes go through the regular paged path.
+        return False
+
+
+@dataclass
+class ATOMAttentionMetadata:
+    num_reqs: int
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    num_decodes: int
+    num_decode_tokens: int
+    num_extends: int
+    num_extend_tokens: int
+    num_prefills: int
+    num_prefill_tokens: int
+
+
+def split_batch(query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor) -> tuple[int, int, int]:
+    """(num_decodes, num_extends, num_prefills) of a batch ordered [decodes | extends | prefills].
+
+    Decodes are the leading requests with one new token. Of the rest, the trailing run without
+    cached context (seq_len == query_len) are prefills, everything before is extend. A request the
+    reorder placed elsewhere is still served correctly as extend: the paged path covers any query.
+    """
+    query_lens = (query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]).tolist()
+    seq_lens = seq_lens_cpu.tolist()
+    num_reqs = len(query_lens)
+    num_decodes = 0
+    while num_decodes < num_reqs and query_lens[num_decodes] == 1 and seq_lens[num_decodes] > 1:
+        num_decodes += 1
+    first_prefill = num_reqs
+    while first_prefill > num_decodes and seq_lens[first_prefill - 1] == query_lens[first_prefill - 1]:
+        first_prefill -= 1
+    return num_decodes, first_prefill - num_decodes, num_reqs - first_prefill
+
+
+class ATOMAttentionMetadataBuilder(AttentionMetadataBuilder[ATOMAttentionMetadata]):
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    reorder_batch_threshold: int | None = 1
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> ATOMAttentionMetadata:
+        if common_prefix_len > 0:
+            raise NotImplementedError("ATOM attention does not implement cascade attention")
+        m = common_attn_metadata
+        qsl_cpu = m.query_start_loc_cpu
+        seq_lens_cpu = m.seq_lens_cpu_upper_bound
+        if seq_lens_cpu is None:
+            seq_lens_cpu = m.seq_lens.cpu()
+        num_decodes, num_extends, num_prefills = split_batch(qsl_cpu, seq_lens_cpu[: m.num_reqs])
+        decode_tokens = int(qsl_cpu[num_decodes])
+        extend_tokens = int(qsl_cpu[num_decodes + num_extends]) - decode_tokens
+        return ATOMAttentionMetadata(
+            num_reqs=m.num_reqs,
+            num_actual_tokens=m.num_actual_tokens,
+            slot_mapping=m.slot_mapping,
+            block_table=m.block_table_tensor,
+            query_start_loc=m.query_start_loc,
+            seq_lens=m.seq_lens,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            num_decodes=num_decodes,
+            num_decode_tokens=decode_tokens,
+            num_extends=num_extends,
+            num_extend_tokens=extend_tokens,
+            num_prefills=num_prefills,
+            num_prefill_tokens=int(qsl_cpu[m.num_reqs]) - decode_tokens - extend_tokens,
+        )
+
+
+class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes, sliding_window: int | None, kv_cache_dtype: str,
+                 logits_soft_cap: float | None = None, attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None, sinks: torch.Tensor | None = None):
+        if alibi_slopes is not None or logits_soft_cap:
+            raise NotImplementedError("ATOM attention does not support ALiBi or logit soft-capping")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"ATOM attention serves decoder attention only, not {attn_type}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.sinks = sinks
+
+    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: ATOMAttentionMetadata | None,
+                output: torch.Tensor, output_scale=None, output_block_scale=None) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("ATOM attention does not fuse output quantization")
+        if attn_metadata is None:  # profiling / warm-up run without a batch
+            return output
+        m = attn_metadata
+        key_cache, value_cache = kv_cache.unbind(0)
+        n = m.num_actual_tokens
+        if self.kv_sharing_target_layer_name is None:
+            atom_kernels.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, m.slot_mapping[:n])
+
+        # Decodes and extends both read the (just written) cache; they form one leading range.
+        paged_reqs = m.num_decodes + m.num_extends
+        paged_tokens = m.num_decode_tokens + m.num_extend_tokens
+        if paged_reqs:
+            output[:paged_tokens] = atom_kernels.paged_attention(
+                query[:paged_tokens], key_cache, value_cache,
+                m.query_start_loc[: paged_reqs + 1], m.seq_lens[:paged_reqs],
+                m.block_table[:paged_reqs], self.scale, self.sliding_window, self.sinks,
+            )
+        if m.num_prefills:
+            end = paged_tokens + m.num_prefill_tokens
+            cu_seqlens = m.query_start_loc[paged_reqs : m.num_reqs + 1] - paged_tokens
+            output[paged_tokens:end] = atom_kernels.varlen_attention(
+                query[paged_tokens:end], key[paged_tokens:end], value[paged_tokens:end],
+                cu_seqlens, cu_seqlens, self.scale, True, self.sliding_window, self.sinks,
+            )
+        return output

@@ -1,0 +1,79 @@
+"""ATOMPlatform: the platform vLLM would have chosen here, with ATOM's attention backend.
+
+vLLM resolves exactly one platform; an activated out-of-tree plugin wins over the built-ins. So the
+ATOM platform subclasses whichever built-in platform (CUDA, ROCm, CPU, ...) detects this machine and
+changes only what ATOM owns: attention backend selection, and a start-up report.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm.platforms import builtin_platform_plugins
+from vllm.utils.import_utils import resolve_obj_by_qualname
+
+from atom_core.log import logger
+from atom_vllm import envs
+from atom_vllm.register import MHA_BACKEND
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+
+def detect_builtin_platform_qualname() -> str:
+    """What vLLM's own detection would pick on this machine, ignoring plugins."""
+    for detect in builtin_platform_plugins.values():
+        try:
+            qualname = detect()
+        except Exception:  # noqa: BLE001 - vLLM's probes raise on absent hardware; same policy as vLLM.
+            qualname = None
+        if qualname is not None:
+            return qualname
+    return "vllm.platforms.interface.UnspecifiedPlatform"
+
+
+_Base = resolve_obj_by_qualname(detect_builtin_platform_qualname())
+
+
+def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
+    """Whether ATOM's MHA backend covers what this layer asks for (else vLLM's backend runs)."""
+    from vllm.v1.attention.backend import AttentionType
+
+    return (
+        not config.use_mla
+        and not config.use_sparse
+        and not config.use_mm_prefix
+        and not config.use_non_causal
+        and not config.use_per_head_quant_scales
+        and config.attn_type == AttentionType.DECODER
+        and config.kv_cache_dtype in (None, "auto")
+    )
+
+
+class ATOMPlatform(_Base):
+    _atom_attention_logged = False
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if envs.attention_disabled() or not atom_attention_supports(attn_selector_config):
+            return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
+        if not cls._atom_attention_logged:
+            logger.info("Use atom attention backend")
+            cls._atom_attention_logged = True
+        return MHA_BACKEND
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        super().check_and_update_config(vllm_config)
+        model_config = vllm_config.model_config
+        if model_config is None:
+            return
+        from atom_core.models import SUPPORTED_ARCHITECTURES
+
+        architectures = getattr(model_config, "architectures", None) or []
+        if architectures and architectures[0] not in SUPPORTED_ARCHITECTURES:
+            logger.info(
+                "Architecture %s is not implemented by ATOM; vLLM's own model serves it",
+                architectures[0],
+            )

@@ -1,0 +1,48 @@
+"""vLLM entry points. vLLM calls them in every process, possibly several times: both are idempotent
+and cheap (no model or kernel imports here)."""
+
+from __future__ import annotations
+
+from atom_core.log import logger
+from atom_vllm import envs
+from atom_vllm.version import VllmVersionError, check_vllm_version
+
+PLATFORM_QUALNAME = "atom_vllm.platform.ATOMPlatform"
+DENSE_WRAPPER = "atom_vllm.model_wrapper:ATOMForCausalLM"
+MOE_WRAPPER = "atom_vllm.model_wrapper:ATOMMoEForCausalLM"
+MHA_BACKEND = "atom_vllm.attention.mha.ATOMAttentionBackend"
+
+_registered_models = False
+
+
+def register_platform() -> str | None:
+    """``vllm.platform_plugins``: the qualname of ATOMPlatform, or None to stay out of the way."""
+    if envs.plugin_disabled():
+        return None
+    try:
+        check_vllm_version()
+    except VllmVersionError as exc:
+        # vLLM swallows exceptions from platform plugins; say it loudly and do not activate.
+        logger.error("platform plugin not activated: %s", exc)
+        return None
+    return PLATFORM_QUALNAME
+
+
+def register_model() -> None:
+    """``vllm.general_plugins``: point vLLM's registry at ATOM for each supported architecture."""
+    global _registered_models
+    if envs.plugin_disabled() or _registered_models:
+        return
+    check_vllm_version()
+    from vllm import ModelRegistry
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    from atom_core.models import SUPPORTED_ARCHITECTURES
+
+    for architecture, entry in SUPPORTED_ARCHITECTURES.items():
+        wrapper = MOE_WRAPPER if entry.is_moe else DENSE_WRAPPER
+        ModelRegistry.register_model(architecture, wrapper)
+        logger.info("Register model %s to vLLM with %s", architecture, wrapper)
+    # ATOM's backend names itself CUSTOM (vLLM's slot for out-of-tree attention backends).
+    register_backend(AttentionBackendEnum.CUSTOM, MHA_BACKEND)
+    _registered_models = True
