@@ -1,0 +1,84 @@
+"""Greedy parity through the real vLLM engine (CPU build): vLLM+ATOM == vLLM alone == HF transformers.
+
+Tiny random fp32 models with odd sizes and GQA; prompts of different lengths (1 to 70 tokens); 32 new
+tokens each. Every run also reports which classes served it, so the tests prove ATOM was (or was not)
+in the path.
+"""
+
+import random
+
+import pytest
+
+from conftest import hf_greedy, run_vllm
+
+pytestmark = pytest.mark.vllm
+
+ARCHITECTURES = ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+MAX_TOKENS = 32
+ATOM_WRAPPERS = {
+    "Qwen3ForCausalLM": "atom_vllm.model_wrapper.ATOMForCausalLM",
+    "Qwen3MoeForCausalLM": "atom_vllm.model_wrapper.ATOMMoEForCausalLM",
+}
+ATOM_IMPL = "atom_vllm.attention.mha.ATOMAttentionImpl"
+VLLM_CPU_IMPL = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"
+
+
+def make_prompts() -> tuple[list[list[int]], list[list[int]]]:
+    """Phase 1: prompts of varied length. Phase 2: prompts sharing phase 1's 48-token prefix."""
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(4, 499) for _ in range(n)]  # noqa: E731
+    shared = tokens(48)
+    phase1 = [tokens(5), tokens(1), tokens(23), shared + tokens(22)]
+    phase2 = [shared + tokens(3), shared + tokens(17)]
+    return phase1, phase2
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def case(request, tiny_model_dir):
+    architecture = request.param
+    model = tiny_model_dir(architecture)
+    phase1, phase2 = make_prompts()
+    expected = hf_greedy(model, phase1 + phase2, MAX_TOKENS)
+    return architecture, model, [phase1, phase2], expected
+
+
+def tokens_of(result) -> list[list[int]]:
+    return [o["tokens"] for phase in result["phases"] for o in phase]
+
+
+def test_atom_matches_hf_with_prefix_cache(case):
+    architecture, model, phases, expected = case
+    result = run_vllm(model, phases, MAX_TOKENS)
+    assert result["served_by"]["model_class"] == ATOM_WRAPPERS[architecture]
+    assert result["served_by"]["inner_class"].startswith("atom_core.models.")
+    assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
+    assert "INFO atom: Use atom attention backend" in result["log"]
+    assert tokens_of(result) == expected
+    # Phase 2 prompts share a 48-token prefix with phase 1: vLLM served them from its prefix cache.
+    assert all(o["num_cached_tokens"] >= 32 for o in result["phases"][1])
+
+
+def test_native_vllm_matches_hf(case):
+    _, model, phases, expected = case
+    result = run_vllm(model, phases, MAX_TOKENS, env={"ATOM_DISABLE_VLLM_PLUGIN": "1"})
+    assert not result["served_by"]["model_class"].startswith("atom_vllm")
+    assert result["served_by"]["attention_impls"] == [VLLM_CPU_IMPL]
+    assert "INFO atom:" not in result["log"]
+    assert tokens_of(result) == expected
+
+
+def test_atom_model_on_vllm_attention(case):
+    architecture, model, phases, expected = case
+    result = run_vllm(model, phases, MAX_TOKENS, env={"ATOM_DISABLE_VLLM_PLUGIN_ATTENTION": "1"})
+    assert result["served_by"]["model_class"] == ATOM_WRAPPERS[architecture]
+    assert result["served_by"]["attention_impls"] == [VLLM_CPU_IMPL]
+    assert tokens_of(result) == expected
+
+
+def test_atom_with_forced_chunked_prefill(case):
+    architecture, model, phases, expected = case
+    # 16-token steps: the 70-token prompt is prefilled in 5 chunks while others decode alongside.
+    result = run_vllm(model, phases, MAX_TOKENS,
+                      llm_kwargs={"max_num_batched_tokens": 16, "enable_chunked_prefill": True})
+    assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
+    assert tokens_of(result) == expected

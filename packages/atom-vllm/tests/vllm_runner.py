@@ -1,0 +1,62 @@
+"""Runs real vLLM (CPU build) on a model in a fresh process and prints one JSON result line.
+
+Separate processes because vLLM reads plugins and ATOM_* switches once per process. Used by the
+parity tests: ``python vllm_runner.py '<json spec>'`` where the spec has ``model``, ``phases`` (lists
+of token-id prompts; each phase is one ``generate`` call, so later phases can hit the prefix cache
+filled by earlier ones), ``max_tokens`` and optional ``llm_kwargs``.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+RESULT_MARKER = "VLLM_RUNNER_RESULT "
+
+
+def describe_model(model) -> dict:
+    """Which classes actually serve: the model class and the attention impl of each layer."""
+    impls = sorted(
+        {type(m.impl).__module__ + "." + type(m.impl).__name__
+         for m in model.modules() if type(m).__name__ == "Attention" and hasattr(m, "impl")
+         and not isinstance(m.impl, type(model))}
+    )
+    inner = getattr(model, "model", None)
+    return {
+        "model_class": type(model).__module__ + "." + type(model).__name__,
+        "inner_class": type(inner).__module__ + "." + type(inner).__name__,
+        "attention_impls": [i for i in impls if "Impl" in i],
+    }
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(
+        dtype="float32",
+        distributed_executor_backend="uni",
+        max_model_len=256,
+        max_num_seqs=8,
+        block_size=16,
+        enforce_eager=True,
+        seed=0,
+    )
+    kwargs.update(spec.get("llm_kwargs", {}))
+    llm = LLM(model=spec["model"], **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    phases = []
+    for prompts in spec["phases"]:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        phases.append([
+            {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens or 0}
+            for o in outputs
+        ])
+    result = {"phases": phases, "served_by": llm.apply_model(describe_model)[0]}
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
