@@ -82,3 +82,13 @@ def test_atom_with_forced_chunked_prefill(case):
                       llm_kwargs={"max_num_batched_tokens": 16, "enable_chunked_prefill": True})
     assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
     assert tokens_of(result) == expected
+
+
+def test_unsupported_architecture_falls_back_to_vllm(tiny_model_dir):
+    model = tiny_model_dir("Qwen2ForCausalLM")
+    phase1, _ = make_prompts()
+    result = run_vllm(model, [phase1], MAX_TOKENS)
+    assert result["served_by"]["model_class"] == "vllm.model_executor.models.qwen2.Qwen2ForCausalLM"
+    assert ("INFO atom: Architecture Qwen2ForCausalLM is not implemented by ATOM; "
+            "vLLM's own model serves it") in result["log"]
+    assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)

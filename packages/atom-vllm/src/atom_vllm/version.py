@@ -24,8 +24,9 @@ def installed_vllm_version() -> str:
     raise VllmVersionError(f"atom-vllm needs {REQUIRED_VLLM_DISPLAY}, but vLLM is not installed")
 
 
-def check_vllm_version() -> None:
-    found = installed_vllm_version()
+def check_vllm_version(found: str | None = None) -> None:
+    """Raise VllmVersionError unless ``found`` (default: the installed vLLM) is 0.26.x."""
+    found = found or installed_vllm_version()
     if found.split("+")[0].split(".")[:2] == REQUIRED_VLLM.split(".") or envs.version_check_skipped():
         return
     raise VllmVersionError(

@@ -46,6 +46,8 @@ _BASE: dict[str, Any] = dict(
 
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen3ForCausalLM": dict(model_type="qwen3", rope_theta=10000.0),
+    # Not implemented by ATOM: the fallback-to-vLLM tests use it.
+    "Qwen2ForCausalLM": dict(model_type="qwen2", rope_theta=10000.0, hidden_size=128),
     "Qwen3MoeForCausalLM": dict(
         model_type="qwen3_moe",
         rope_theta=10000.0,
@@ -55,6 +57,59 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         norm_topk_prob=True,
         decoder_sparse_step=1,
         mlp_only_layers=[1],
+    ),
+    # llama3 rope scaling with a short original context, so that the rescaled wavelengths (16 to 64
+    # positions) matter at test lengths; q/k/v/o and MLP biases.
+    "LlamaForCausalLM": dict(
+        model_type="llama",
+        attention_bias=True,
+        mlp_bias=True,
+        rope_parameters=dict(
+            rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+            high_freq_factor=4.0, original_max_position_embeddings=64,
+        ),
+    ),
+    # Every layer slides over 16 tokens (shorter than the longer test prompts).
+    "MixtralForCausalLM": dict(
+        model_type="mixtral",
+        rope_theta=10000.0,
+        intermediate_size=48,
+        num_local_experts=6,
+        num_experts_per_tok=2,
+        sliding_window=16,
+    ),
+    # Partial rotary (half the head), QK-norm, q/k/v bias, first layer dense, shared expert, sigmoid
+    # routing over 4 groups (best 2 kept) steered by e_score_correction_bias, routed scaling.
+    "Glm4MoeForCausalLM": dict(
+        model_type="glm4_moe",
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        use_qk_norm=True,
+        attention_bias=True,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=48,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=0,
+    ),
+    # Sliding (window 8) and full attention alternate; sinks; q/k/v/o bias; router bias; experts
+    # with biases and a clamped SwiGLU whose limit (0.5) the activations reach; yarn rope.
+    "GptOssForCausalLM": dict(
+        model_type="gpt_oss",
+        intermediate_size=48,
+        num_local_experts=6,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        swiglu_limit=0.5,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+            truncate=False, original_max_position_embeddings=32,
+        ),
     ),
 }
 
@@ -102,6 +157,12 @@ def build_tiny_model(architecture: str, out_dir: str, seed: int = 0, std: float 
     config.initializer_range = std
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # HF initialises biases (GLM's e_score_correction_bias included) to zero: random ones make the
+    # parity tests check that they are loaded and applied.
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith("bias"):
+                tensor.normal_(0.0, std)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     build_tokenizer(out_dir)

@@ -1,0 +1,67 @@
+"""Plugin switches and refusals: disable flags, the pinned vLLM version, entry points."""
+
+from importlib.metadata import entry_points
+
+import pytest
+
+from atom_vllm import register
+from atom_vllm.version import VllmVersionError, check_vllm_version, installed_vllm_version
+
+
+def test_installed_vllm_is_the_pinned_one():
+    assert installed_vllm_version().startswith("0.26.")
+    check_vllm_version()
+
+
+@pytest.mark.parametrize("found", ["0.25.2", "0.27.1", "1.0.0"])
+def test_other_vllm_versions_are_refused_naming_the_needed_one(found, monkeypatch):
+    monkeypatch.delenv("ATOM_SKIP_VLLM_VERSION_CHECK", raising=False)
+    with pytest.raises(VllmVersionError, match=rf"needs vLLM 0\.26\.x .* found vLLM {found}"):
+        check_vllm_version(found)
+
+
+def test_version_check_can_be_skipped_for_experiments(monkeypatch):
+    monkeypatch.setenv("ATOM_SKIP_VLLM_VERSION_CHECK", "1")
+    check_vllm_version("0.27.1")
+
+
+def test_cpu_build_suffix_is_accepted():
+    check_vllm_version("0.26.0+cpu")
+
+
+def test_entry_points_are_installed():
+    platform = {e.name: e.value for e in entry_points(group="vllm.platform_plugins")}
+    general = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert platform["atom"] == "atom_vllm.register:register_platform"
+    assert general["atom_model_registry"] == "atom_vllm.register:register_model"
+
+
+def test_platform_plugin_returns_atom_platform_or_none(monkeypatch):
+    monkeypatch.delenv("ATOM_DISABLE_VLLM_PLUGIN", raising=False)
+    assert register.register_platform() == "atom_vllm.platform.ATOMPlatform"
+    monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")
+    assert register.register_platform() is None
+
+
+def test_atom_platform_subclasses_the_builtin_platform():
+    from vllm.platforms.cpu import CpuPlatform
+
+    from atom_vllm.platform import ATOMPlatform
+
+    assert issubclass(ATOMPlatform, CpuPlatform)
+
+
+def test_register_model_is_idempotent_and_overrides_supported_architectures(monkeypatch):
+    monkeypatch.delenv("ATOM_DISABLE_VLLM_PLUGIN", raising=False)
+    from vllm import ModelRegistry
+
+    from atom_core.models import SUPPORTED_ARCHITECTURES
+
+    register.register_model()
+    register.register_model()
+    for architecture, entry in SUPPORTED_ARCHITECTURES.items():
+        lazy = ModelRegistry.models[architecture]
+        wrapper = "ATOMMoEForCausalLM" if entry.is_moe else "ATOMForCausalLM"
+        assert (lazy.module_name, lazy.class_name) == ("atom_vllm.model_wrapper", wrapper)
+    # Architectures ATOM does not implement stay vLLM's.
+    assert ModelRegistry.models["Qwen2ForCausalLM"].module_name.startswith("vllm.")
