@@ -14,6 +14,9 @@ ENGINE_ARGS = [
     dict(dtype="bfloat16", max_model_len=512, max_num_seqs=3, max_num_batched_tokens=128,
          block_size=16, enable_prefix_caching=True, gpu_memory_utilization=0.7,
          compilation_config={"mode": 2}),
+    dict(dtype="float32", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256,
+         block_size=16, enable_prefix_caching=True, gpu_memory_utilization=0.9,
+         additional_config={"atom_compilation_level": 3}),
 ]
 
 # (ATOM field, function of (vllm_config, engine kwargs) giving the expected value)
@@ -33,7 +36,8 @@ TABLE = [
     ("enable_expert_parallel", lambda v, kw: False),
     ("enforce_eager", lambda v, kw: True),  # always: CUDA graphs are vLLM's in plugin mode
     ("compilation_config.level",
-     lambda v, kw: CompilationLevel(kw.get("compilation_config", {}).get("mode", 0))),
+     lambda v, kw: CompilationLevel(kw.get("additional_config", {}).get(
+         "atom_compilation_level", kw.get("compilation_config", {}).get("mode", 0)))),
     ("plugin_config.model_config", lambda v, kw: v.model_config),
     ("plugin_config.rank", lambda v, kw: 0),
     ("plugin_config.is_plugin_mode", lambda v, kw: True),

@@ -66,6 +66,9 @@ class Op:
         self.__doc__ = doc
         self.impls: dict[str, Callable[..., Any]] = {}
         self._chosen: dict[str, Callable[..., Any]] = {}
+        # torch.ops.atom.<name>, set for ops that models call inside torch.compile'd code
+        # (see atom_kernels.opaque): Dynamo then sees one opaque node instead of the kernel.
+        self.custom_op: Callable[..., Any] | None = None
 
     def register(self, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         if backend not in BACKENDS:
@@ -104,6 +107,12 @@ class Op:
         return self.impls[backend]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.custom_op is not None and torch.compiler.is_compiling():
+            return self.custom_op(*args, **kwargs)
+        return self.dispatch(*args, **kwargs)
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the selected backend (eager)."""
         device_type = _first_tensor_device_type(args, kwargs)
         fn = self._chosen.get(device_type)
         if fn is None:

@@ -14,7 +14,8 @@
 | kv_cache_dtype           | cache_config.cache_dtype                          |
 | enable_prefix_caching    | cache_config.enable_prefix_caching                |
 | enable_expert_parallel   | parallel_config.enable_expert_parallel            |
-| compilation level        | compilation_config.mode (0-3, same numbering)     |
+| compilation level        | compilation_config.mode (0-3, same numbering), or |
+|                          | additional_config["atom_compilation_level"]       |
 | enforce_eager            | always True: CUDA graphs are vLLM's in plugin mode|
 """
 
@@ -31,6 +32,10 @@ def atom_config_from_vllm(vllm_config: Any, use_atom_attention: bool = True) -> 
     scheduler_config = vllm_config.scheduler_config
     parallel_config = vllm_config.parallel_config
     num_blocks = cache_config.num_gpu_blocks
+    # vLLM's CPU platform demotes its own compile to one Dynamo trace; ATOM compiles its models
+    # itself, and `additional_config={"atom_compilation_level": N}` picks ATOM's level explicitly.
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    level = additional.get("atom_compilation_level", vllm_config.compilation_config.mode or 0)
     return Config(
         model=model_config.model,
         hf_config=model_config.hf_config,
@@ -47,7 +52,7 @@ def atom_config_from_vllm(vllm_config: Any, use_atom_attention: bool = True) -> 
         enable_prefix_caching=bool(cache_config.enable_prefix_caching),
         enable_expert_parallel=parallel_config.enable_expert_parallel,
         compilation_config=CompilationConfig(
-            level=CompilationLevel(int(vllm_config.compilation_config.mode or 0))
+            level=CompilationLevel(int(level))
         ),
         plugin_config=PluginConfig(
             model_config=model_config,

@@ -8,6 +8,10 @@ host integration through :func:`set_attention_factory`:
 - SGLang: a ``RadixAttention`` over SGLang's KV pool (atom_sglang).
 - Standalone (tests, HF parity): causal attention over the sequences of the batch given by
   :func:`standalone_batch`, without a KV cache.
+
+Under torch.compile the layer calls the custom op ``torch.ops.atom.unified_attention``, which finds
+its layer by name and writes into an output buffer allocated inside the graph: ATOM's compile backend
+splits the graph at this op, and a host replaying the pieces as CUDA graphs sees stable addresses.
 """
 
 from __future__ import annotations
@@ -47,10 +51,8 @@ class StandaloneAttention(nn.Module):
         self.spec = spec
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if _standalone_cu_seqlens is None:
-            raise RuntimeError("standalone ATOM attention needs a batch: wrap the call in standalone_batch()")
         s = self.spec
-        cu = _standalone_cu_seqlens.to(q.device)
+        cu = standalone_cu_seqlens(q.device)
         out = atom_kernels.varlen_attention(
             q.view(-1, s.num_heads, s.head_size),
             k.view(-1, s.num_kv_heads, s.head_size),
@@ -73,6 +75,13 @@ def get_attention_factory() -> AttentionFactory:
     return _factory
 
 
+def standalone_cu_seqlens(device: torch.device) -> torch.Tensor:
+    """Cumulative sequence lengths of the batch set by :func:`standalone_batch`."""
+    if _standalone_cu_seqlens is None:
+        raise RuntimeError("standalone ATOM attention needs a batch: wrap the call in standalone_batch()")
+    return _standalone_cu_seqlens.to(device)
+
+
 @contextlib.contextmanager
 def standalone_batch(seq_lens: list[int]) -> Iterator[None]:
     """Run standalone models on a flattened batch of sequences with these lengths."""
@@ -85,11 +94,35 @@ def standalone_batch(seq_lens: list[int]) -> Iterator[None]:
         _standalone_cu_seqlens = previous
 
 
+_layers_by_name: dict[str, "Attention"] = {}
+
+
+@torch.library.custom_op("atom::unified_attention", mutates_args=["output"])
+def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor,
+                      layer_name: str) -> None:
+    output.copy_(_layers_by_name[layer_name].impl(q, k, v))
+
+
+@unified_attention.register_fake
+def _unified_attention_fake(q, k, v, output, layer_name) -> None:
+    return None
+
+
+# The compile backend splits graphs at ops carrying this flag (atom_core.compile.split).
+torch.ops.atom.unified_attention.atom_splitting_op = True
+
+
 class Attention(nn.Module):
     def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.spec = spec
         self.impl = _factory(spec)
+        # The latest model built in this process owns the name (tests build several models).
+        _layers_by_name[spec.prefix] = self
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.impl(q, k, v)
+        if not torch.compiler.is_compiling():
+            return self.impl(q, k, v)
+        output = q.new_empty(q.shape[0], self.spec.num_heads * self.spec.head_size)
+        torch.ops.atom.unified_attention(q, k, v, output, self.spec.prefix)
+        return output

@@ -1,0 +1,87 @@
+"""``@support_torch_compile``: compile a model trunk with ATOM's backend at the configured level.
+
+Levels (``Config.compilation_config.level``, the same numbering as vLLM's compilation mode):
+0 eager; 1 and 2 one Inductor graph for the whole trunk; 3 piecewise: split at every attention
+layer, each piece compiled by Inductor (the host may CUDA-graph the pieces). The token dimension of
+``input_ids``, ``positions`` and ``inputs_embeds`` is dynamic, so one compile serves every batch
+size (Dynamo specialises size 1 separately, so decode batches of one token compile once more).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from atom_core.compile.backend import ATOMCompileBackend
+from atom_core.config import CompilationLevel, Config, get_current_atom_config
+
+DYNAMIC_ARGS = ("input_ids", "positions", "inputs_embeds")
+
+
+def _compile_level(args: tuple, kwargs: dict) -> CompilationLevel:
+    """The level of the Config the trunk is built with (else the process's current Config)."""
+    config = next((a for a in (*args, *kwargs.values()) if isinstance(a, Config)), None)
+    if config is None:
+        try:
+            config = get_current_atom_config()
+        except RuntimeError:  # standalone use without a Config: eager
+            return CompilationLevel.NO_COMPILATION
+    return config.compilation_config.level
+
+
+def support_torch_compile(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
+    eager_forward = cls.forward
+    original_init = cls.__init__
+    parameters = list(inspect.signature(eager_forward).parameters)[1:]
+    source_file = inspect.getsourcefile(cls) or cls.__name__
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self._atom_compile_level = _compile_level(args, kwargs)
+        self._atom_compiled = None
+
+    def forward(self, *args: Any, **kwargs: Any):
+        level = self._atom_compile_level
+        if level == CompilationLevel.NO_COMPILATION or torch.compiler.is_compiling():
+            return eager_forward(self, *args, **kwargs)
+        if self._atom_compiled is None:
+            bound = dict(zip(parameters, args)) | kwargs
+            for name in DYNAMIC_ARGS:
+                value = bound.get(name)
+                if isinstance(value, torch.Tensor):
+                    torch._dynamo.mark_dynamic(value, 0)
+            # Each model instance is a new guard target for the shared forward code; a process
+            # that builds several models (tests, multi-model hosts) needs more than Dynamo's 8.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            backend = ATOMCompileBackend(
+                split=level == CompilationLevel.PIECEWISE,
+                cache_key=[cls.__qualname__, str(int(level)), _source_digest(source_file)],
+            )
+            self._atom_compiled = torch.compile(
+                eager_forward.__get__(self), backend=backend, fullgraph=True
+            )
+        return self._atom_compiled(*args, **kwargs)
+
+    cls.__init__ = __init__
+    cls.forward = forward
+    return cls
+
+
+def _source_digest(path: str) -> str:
+    """Traced source that decides the graph: the trunk's module and every atom_core/atom_kernels
+    module (layers, ops) - editing any of them must miss the cache."""
+    import hashlib
+    import pathlib
+
+    import atom_core
+    import atom_kernels
+
+    digest = hashlib.sha256()
+    for package in (atom_core, atom_kernels):
+        root = pathlib.Path(package.__file__).parent
+        for file in sorted(root.rglob("*.py")):
+            digest.update(file.read_bytes())
+    digest.update(path.encode())
+    return digest.hexdigest()[:16]
