@@ -28,7 +28,11 @@ def hf_logits(model_dir: str, sequences: list[list[int]]) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("architecture", sorted(SUPPORTED_ARCHITECTURES))
 def test_logits_match_hf(tiny_model_dir, architecture):
-    model_dir = tiny_model_dir(architecture)
+    assert_logits_match_hf(tiny_model_dir(architecture))
+
+
+def assert_logits_match_hf(model_dir: str) -> None:
+    """ATOM's logits on four sequences of 1 to 23 tokens, batched, vs HF's one sequence at a time."""
     generator = torch.Generator().manual_seed(1)
     lengths = [7, 1, 23, 12]
     sequences = [torch.randint(4, 499, (n,), generator=generator).tolist() for n in lengths]

@@ -18,10 +18,11 @@ RESULT_MARKER = "VLLM_RUNNER_RESULT "
 
 def describe_model(model) -> dict:
     """Which classes actually serve: the model class and the attention impl of each layer."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
     impls = sorted(
         {type(m.impl).__module__ + "." + type(m.impl).__name__
-         for m in model.modules() if type(m).__name__ == "Attention" and hasattr(m, "impl")
-         and not isinstance(m.impl, type(model))}
+         for m in model.modules() if isinstance(m, AttentionLayerBase) and hasattr(m, "impl")}
     )
     inner = getattr(model, "model", None)
     return {

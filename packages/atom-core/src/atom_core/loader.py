@@ -46,6 +46,9 @@ class ExpertWeightNames:
 class WeightMap:
     stacked: list[StackedWeight] = field(default_factory=list)
     experts: ExpertWeightNames | None = None
+    # Checkpoint name components that ATOM spells differently (``block_sparse_moe`` -> ``mlp``),
+    # applied to every dot-separated component of a name before the rules above.
+    renamed: dict[str, str] = field(default_factory=dict)
     # Checkpoint tensors that carry nothing ATOM needs (e.g. rotary inv_freq, tied lm_head).
     ignored: list[str] = field(default_factory=list)
 
@@ -54,6 +57,7 @@ class WeightMap:
 
     def to_param(self, name: str) -> tuple[str, Any]:
         """(parameter name, shard id) of a checkpoint tensor name."""
+        name = ".".join(self.renamed.get(part, part) for part in name.split("."))
         if self.experts is not None:
             e = self.experts
             match = re.fullmatch(
@@ -73,6 +77,11 @@ class WeightMap:
 
     def to_checkpoint(self, param_name: str, shard: Any) -> str:
         """The checkpoint tensor that fills ``shard`` of ``param_name`` (for error messages)."""
+        original = {atom: checkpoint for checkpoint, atom in self.renamed.items()}
+        name = self._to_checkpoint_unrenamed(param_name, shard)
+        return ".".join(original.get(part, part) for part in name.split("."))
+
+    def _to_checkpoint_unrenamed(self, param_name: str, shard: Any) -> str:
         if self.experts is not None and param_name.endswith(("w13_weight", "w2_weight")):
             e = self.experts
             base = param_name.rsplit(".", 1)[0]

@@ -4,11 +4,16 @@ Backends: ``aiter`` (AMD AITER on ROCm), ``triton`` (our kernels, NVIDIA and AMD
 reference, runs anywhere). See :mod:`atom_kernels.registry` for selection and overrides.
 """
 
-from atom_kernels.activation import silu_and_mul
+from atom_kernels import aiter_backend  # noqa: F401  (registers the aiter adapters; imports no aiter)
+from atom_kernels.activation import clamped_swiglu, gelu_and_mul, silu_and_mul
 from atom_kernels.attention import paged_attention, varlen_attention
-from atom_kernels.cache import reshape_and_cache
-from atom_kernels.moe import fused_moe, topk_softmax
+from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
+from atom_kernels.comm import all_reduce, get_all_reduce, set_all_reduce
+from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
+from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
+from atom_kernels.moe import fused_moe, grouped_topk, moe_align_block_size, topk_softmax
 from atom_kernels.norm import fused_add_rms_norm, rms_norm
+from atom_kernels.quant import per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import (
     OPS,
     BackendUnavailableError,
@@ -16,22 +21,53 @@ from atom_kernels.registry import (
     backend_report_line,
     reset_selection,
 )
-from atom_kernels.rope import compute_cos_sin_cache, rotary_embedding
+from atom_kernels.rope import (
+    compute_cos_sin_cache,
+    deepseek_yarn_mscale,
+    default_inv_freq,
+    llama3_inv_freq,
+    rotary_embedding,
+    yarn_inv_freq,
+    yarn_mscale,
+)
+
+# Last: wraps the ops defined above as torch.ops.atom.* for torch.compile.
+from atom_kernels import opaque  # noqa: E402, F401, I001
 
 __all__ = [
     "OPS",
     "BackendUnavailableError",
+    "all_reduce",
     "backend_report",
     "backend_report_line",
+    "clamped_swiglu",
     "compute_cos_sin_cache",
+    "concat_and_cache_mla",
+    "deepseek_yarn_mscale",
+    "default_inv_freq",
+    "fp8_block_scaled_mm",
+    "fp8_scaled_mm",
     "fused_add_rms_norm",
     "fused_moe",
+    "fused_qk_rope_concat_and_cache_mla",
+    "gelu_and_mul",
+    "get_all_reduce",
+    "grouped_topk",
+    "llama3_inv_freq",
+    "mla_decode",
+    "moe_align_block_size",
     "paged_attention",
+    "per_group_quant_fp8",
+    "per_tensor_quant_fp8",
+    "per_token_quant_fp8",
     "reset_selection",
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
+    "set_all_reduce",
     "silu_and_mul",
     "topk_softmax",
     "varlen_attention",
+    "yarn_inv_freq",
+    "yarn_mscale",
 ]

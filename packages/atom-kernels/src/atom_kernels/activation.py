@@ -1,16 +1,160 @@
-"""Gated activations: the input holds [gate | up] along the last dim; the output is act(gate) * up."""
+"""Gated activations: the input holds [gate | up] along the last dim; the output is act(gate) * up.
+
+``clamped_swiglu`` is GPT-OSS's: gate and up are interleaved (gate = x[..., 0::2], up = x[..., 1::2],
+the layout of its checkpoints and of HF's ``GptOssExperts._apply_gate``), gate is clamped from above
+and up on both sides at ``limit``, and out = (up + 1) * gate * sigmoid(alpha * gate).
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
 silu_and_mul = define_op("silu_and_mul", "silu_and_mul(x[..., 2d]) -> silu(x[..., :d]) * x[..., d:]")
+gelu_and_mul = define_op(
+    "gelu_and_mul",
+    "gelu_and_mul(x[..., 2d], approximate='none'|'tanh') -> gelu(x[..., :d]) * x[..., d:]",
+)
+clamped_swiglu = define_op(
+    "clamped_swiglu",
+    "clamped_swiglu(x[..., 2d], alpha=1.702, limit=7.0, interleaved=True) -> GPT-OSS gated activation",
+)
+
+# Activation kinds, shared with the fused MoE kernel's epilogue.
+ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_CLAMPED_SWIGLU = 0, 1, 2, 3
 
 
 @silu_and_mul.register("torch")
 def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return (F.silu(gate.float()) * up.float()).to(x.dtype)
+
+
+@gelu_and_mul.register("torch")
+def gelu_and_mul_torch(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return (F.gelu(gate.float(), approximate=approximate) * up.float()).to(x.dtype)
+
+
+def split_gate_up(x: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if interleaved:
+        return x[..., 0::2], x[..., 1::2]
+    return x.chunk(2, dim=-1)
+
+
+@clamped_swiglu.register("torch")
+def clamped_swiglu_torch(
+    x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0, interleaved: bool = True
+) -> torch.Tensor:
+    gate, up = split_gate_up(x.float(), interleaved)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return ((up + 1) * gate * torch.sigmoid(gate * alpha)).to(x.dtype)
+
+
+@triton.jit
+def apply_gated_activation(gate, up, ACT: tl.constexpr, alpha, limit):
+    """act(gate) * up in fp32 for one of the ACT_* kinds (a helper of this kernel and fused MoE's)."""
+    if ACT == 0:
+        out = gate * tl.sigmoid(gate) * up
+    elif ACT == 1:
+        out = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
+    elif ACT == 2:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        tanh = 2.0 * tl.sigmoid(2.0 * inner) - 1.0
+        out = 0.5 * gate * (1.0 + tanh) * up
+    else:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        out = (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+    return out
+
+
+@triton.jit
+def _gated_activation_kernel(
+    x_ptr,
+    out_ptr,
+    num_rows,
+    d,
+    x_row_stride,
+    alpha,
+    limit,
+    ACT: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    x_row = x_ptr + row * x_row_stride
+    if INTERLEAVED:
+        gate = tl.load(x_row + 2 * cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + 2 * cols + 1, mask=mask, other=0.0).to(tl.float32)
+    else:
+        gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_row + d + cols, mask=mask, other=0.0).to(tl.float32)
+    out = apply_gated_activation(gate, up, ACT, alpha, limit)
+    tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_gated_activation(
+    x: torch.Tensor,
+    act: int,
+    alpha: float = 0.0,
+    limit: float = math.inf,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    if x.shape[-1] % 2:
+        raise ValueError(f"gated activation: last dim {x.shape[-1]} is not even")
+    check_last_dim_contiguous("gated activation input", x)
+    d = x.shape[-1] // 2
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    block = min(1024, next_pow2(d))
+    grid = (rows.shape[0], triton.cdiv(d, block))
+    _gated_activation_kernel[grid](
+        rows,
+        out,
+        rows.shape[0],
+        d,
+        rows.stride(0),
+        alpha,
+        limit,
+        ACT=act,
+        INTERLEAVED=interleaved,
+        BLOCK=block,
+        num_warps=4 if block <= 512 else 8,
+    )
+    return out
+
+
+@silu_and_mul.register("triton")
+def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+    return launch_gated_activation(x, ACT_SILU)
+
+
+def gelu_kind(approximate: str) -> int:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    return ACT_GELU_TANH if approximate == "tanh" else ACT_GELU
+
+
+@gelu_and_mul.register("triton")
+def gelu_and_mul_triton(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return launch_gated_activation(x, gelu_kind(approximate))
+
+
+@clamped_swiglu.register("triton")
+def clamped_swiglu_triton(
+    x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0, interleaved: bool = True
+) -> torch.Tensor:
+    return launch_gated_activation(x, ACT_CLAMPED_SWIGLU, alpha, limit, interleaved)

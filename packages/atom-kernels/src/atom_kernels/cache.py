@@ -1,19 +1,29 @@
-"""Paged KV-cache write.
+"""Paged KV-cache writes.
 
 Cache layout (ATOM's, declared to vLLM by the attention backend): key_cache and value_cache are each
 [num_blocks, block_size, num_kv_heads, head_size]. ``slot_mapping[t] = block * block_size + offset``;
 a negative slot (padding) is skipped.
+
+The MLA latent cache is [num_blocks, block_size, kv_lora_rank + rope_dim]: each slot holds the
+compressed KV ``kv_c`` followed by the rotated shared key ``k_pe`` (see :mod:`atom_kernels.mla`).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
 reshape_and_cache = define_op(
     "reshape_and_cache",
     "reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None (writes the caches)",
+)
+concat_and_cache_mla = define_op(
+    "concat_and_cache_mla",
+    "concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping) -> None (writes [kv_c | k_pe] per slot)",
 )
 
 
@@ -32,3 +42,191 @@ def reshape_and_cache_torch(
     blocks, offsets = slots // block_size, slots % block_size
     key_cache[blocks, offsets] = key[:num_tokens][valid].to(key_cache.dtype)
     value_cache[blocks, offsets] = value[:num_tokens][valid].to(value_cache.dtype)
+
+
+@concat_and_cache_mla.register("torch")
+def concat_and_cache_mla_torch(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    num_tokens = slot_mapping.shape[0]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    block_size = kv_cache.shape[1]
+    entry = torch.cat([kv_c[:num_tokens], k_pe[:num_tokens].reshape(num_tokens, -1)], dim=-1)
+    kv_cache[slots // block_size, slots % block_size] = entry[valid].to(kv_cache.dtype)
+
+
+@triton.jit
+def _copy_rows_to_slot(
+    src_ptr,
+    src_head_stride,
+    dst_ptr,
+    dst_head_stride,
+    num_heads,
+    head_size,
+    HEADS_P2: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+):
+    heads = tl.arange(0, HEADS_P2)[:, None]
+    dims = tl.arange(0, HEAD_P2)[None, :]
+    mask = (heads < num_heads) & (dims < head_size)
+    row = tl.load(src_ptr + heads * src_head_stride + dims, mask=mask)
+    tl.store(dst_ptr + heads * dst_head_stride + dims, row.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,
+    key_token_stride,
+    key_head_stride,
+    value_token_stride,
+    value_head_stride,
+    kc_block_stride,
+    kc_slot_stride,
+    kc_head_stride,
+    vc_block_stride,
+    vc_slot_stride,
+    vc_head_stride,
+    block_size,
+    num_heads,
+    head_size,
+    HEADS_P2: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    block, offset = slot // block_size, slot % block_size
+    _copy_rows_to_slot(
+        key_ptr + token * key_token_stride,
+        key_head_stride,
+        key_cache_ptr + block * kc_block_stride + offset * kc_slot_stride,
+        kc_head_stride,
+        num_heads,
+        head_size,
+        HEADS_P2,
+        HEAD_P2,
+    )
+    _copy_rows_to_slot(
+        value_ptr + token * value_token_stride,
+        value_head_stride,
+        value_cache_ptr + block * vc_block_stride + offset * vc_slot_stride,
+        vc_head_stride,
+        num_heads,
+        head_size,
+        HEADS_P2,
+        HEAD_P2,
+    )
+
+
+def _check_cache(name: str, cache: torch.Tensor, *trailing: int) -> None:
+    if cache.dim() != 2 + len(trailing) or tuple(cache.shape[2:]) != trailing:
+        raise ValueError(f"{name}: shape {tuple(cache.shape)} != [num_blocks, block_size, {trailing}]")
+    check_last_dim_contiguous(name, cache)
+
+
+@reshape_and_cache.register("triton")
+def reshape_and_cache_triton(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    num_tokens = slot_mapping.shape[0]
+    num_heads, head_size = key_cache.shape[2], key_cache.shape[3]
+    _check_cache("key_cache", key_cache, num_heads, head_size)
+    _check_cache("value_cache", value_cache, num_heads, head_size)
+    key = key.view(key.shape[0], num_heads, head_size) if key.dim() == 2 else key
+    value = value.view(value.shape[0], num_heads, head_size) if value.dim() == 2 else value
+    for name, t in (("key", key), ("value", value)):
+        if t.shape[1:] != (num_heads, head_size) or t.shape[0] < num_tokens:
+            raise ValueError(f"reshape_and_cache: {name} {tuple(t.shape)} vs cache heads {num_heads}x{head_size}")
+        check_last_dim_contiguous(name, t)
+    if num_tokens == 0:
+        return
+    _reshape_and_cache_kernel[(num_tokens,)](
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        key_cache.shape[1],
+        num_heads,
+        head_size,
+        HEADS_P2=next_pow2(num_heads),
+        HEAD_P2=next_pow2(head_size),
+        num_warps=4,
+    )
+
+
+@triton.jit
+def _concat_and_cache_mla_kernel(
+    kv_c_ptr,
+    k_pe_ptr,
+    cache_ptr,
+    slot_mapping_ptr,
+    kv_c_stride,
+    k_pe_stride,
+    cache_block_stride,
+    cache_slot_stride,
+    block_size,
+    kv_lora_rank,
+    rope_dim,
+    RANK_P2: tl.constexpr,
+    ROPE_P2: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    dst = cache_ptr + (slot // block_size) * cache_block_stride + (slot % block_size) * cache_slot_stride
+    _copy_rows_to_slot(kv_c_ptr + token * kv_c_stride, 0, dst, 0, 1, kv_lora_rank, 1, RANK_P2)
+    _copy_rows_to_slot(
+        k_pe_ptr + token * k_pe_stride, 0, dst + kv_lora_rank, 0, 1, rope_dim, 1, ROPE_P2
+    )
+
+
+@concat_and_cache_mla.register("triton")
+def concat_and_cache_mla_triton(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    num_tokens = slot_mapping.shape[0]
+    k_pe = k_pe.reshape(k_pe.shape[0], -1) if k_pe.dim() == 3 else k_pe
+    kv_lora_rank, rope_dim = kv_c.shape[-1], k_pe.shape[-1]
+    _check_cache("kv_cache", kv_cache, kv_lora_rank + rope_dim)
+    check_last_dim_contiguous("kv_c", kv_c)
+    check_last_dim_contiguous("k_pe", k_pe)
+    if num_tokens == 0:
+        return
+    _concat_and_cache_mla_kernel[(num_tokens,)](
+        kv_c,
+        k_pe,
+        kv_cache,
+        slot_mapping,
+        kv_c.stride(0),
+        k_pe.stride(0),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.shape[1],
+        kv_lora_rank,
+        rope_dim,
+        RANK_P2=next_pow2(kv_lora_rank),
+        ROPE_P2=next_pow2(rope_dim),
+        num_warps=4,
+    )

@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import next_pow2
 
 rotary_embedding = define_op(
     "rotary_embedding",
@@ -52,6 +55,61 @@ def llama3_inv_freq(
     )
 
 
+def yarn_inv_freq(
+    rotary_dim: int,
+    base: float,
+    factor: float,
+    original_max_position: int,
+    beta_fast: float = 32,
+    beta_slow: float = 1,
+    extrapolation_factor: float = 1.0,
+    truncate: bool = True,
+) -> torch.Tensor:
+    """YaRN inverse frequencies: interpolated (/ factor) below a ramp of dims, extrapolated above it.
+
+    As vLLM's ``YaRNScalingRotaryEmbedding`` and HF's ``_compute_yarn_parameters``; the cache should
+    cover ``original_max_position * factor`` positions and be scaled by :func:`yarn_mscale` (or
+    :func:`deepseek_yarn_mscale`).
+    """
+    pos_freqs = base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+
+    def correction_dim(num_rotations: float) -> float:
+        return (rotary_dim * math.log(original_max_position / (num_rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = (1 - ramp) * extrapolation_factor
+    return interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight
+
+
+def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_mscale(factor: float, attn_factor: float = 1.0) -> float:
+    """The cos/sin magnitude scale of plain YaRN."""
+    return yarn_get_mscale(factor) * attn_factor
+
+
+def deepseek_yarn_mscale(
+    factor: float, mscale: float, mscale_all_dim: float, attn_factor: float = 1.0
+) -> float:
+    """The cos/sin magnitude scale of DeepSeek's YaRN (``rope_scaling`` mscale, mscale_all_dim).
+
+    DeepSeek models additionally multiply the softmax scale by ``yarn_get_mscale(factor,
+    mscale_all_dim) ** 2``; that belongs to the attention layer, not to the cache.
+    """
+    return yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim) * attn_factor
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
     if is_neox:
         x1, x2 = x.chunk(2, dim=-1)
@@ -79,3 +137,151 @@ def rotary_embedding_torch(
         return torch.cat([rot, heads[..., rotary_dim:]], dim=-1).reshape(x.shape)
 
     return apply(q), apply(k)
+
+
+@triton.jit
+def _rope_heads(
+    src_ptr,
+    dst_ptr,
+    num_heads,
+    head_size,
+    cos,
+    sin,
+    IS_NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    HEADS_P2: tl.constexpr,
+    HALF_P2: tl.constexpr,
+    PASS_P2: tl.constexpr,
+):
+    """Rotate the first 2 * HALF channels of each of ``num_heads`` heads of one token; copy the rest."""
+    heads = tl.arange(0, HEADS_P2)[:, None]
+    pairs = tl.arange(0, HALF_P2)[None, :]
+    mask = (heads < num_heads) & (pairs < HALF)
+    if IS_NEOX:
+        first, second = pairs, pairs + HALF
+    else:
+        first, second = 2 * pairs, 2 * pairs + 1
+    src = src_ptr + heads * head_size
+    dst = dst_ptr + heads * head_size
+    x1 = tl.load(src + first, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + second, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dst + first, (x1 * cos - x2 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + second, (x2 * cos + x1 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
+    if PASS_P2 > 0:
+        rest = 2 * HALF + tl.arange(0, PASS_P2)[None, :]
+        rest_mask = (heads < num_heads) & (rest < head_size)
+        tl.store(dst + rest, tl.load(src + rest, mask=rest_mask), mask=rest_mask)
+
+
+@triton.jit
+def _rotary_embedding_kernel(
+    positions_ptr,
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    cache_ptr,
+    q_token_stride,
+    k_token_stride,
+    cache_stride,
+    num_q_heads,
+    num_k_heads,
+    head_size,
+    IS_NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_P2: tl.constexpr,
+    Q_HEADS_P2: tl.constexpr,
+    K_HEADS_P2: tl.constexpr,
+    PASS_P2: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    pairs = tl.arange(0, HALF_P2)[None, :]
+    cos = tl.load(cache_ptr + pos * cache_stride + pairs, mask=pairs < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * cache_stride + HALF + pairs, mask=pairs < HALF, other=0.0).to(
+        tl.float32
+    )
+    _rope_heads(
+        q_ptr + token * q_token_stride,
+        q_out_ptr + token * num_q_heads * head_size,
+        num_q_heads,
+        head_size,
+        cos,
+        sin,
+        IS_NEOX,
+        HALF,
+        Q_HEADS_P2,
+        HALF_P2,
+        PASS_P2,
+    )
+    _rope_heads(
+        k_ptr + token * k_token_stride,
+        k_out_ptr + token * num_k_heads * head_size,
+        num_k_heads,
+        head_size,
+        cos,
+        sin,
+        IS_NEOX,
+        HALF,
+        K_HEADS_P2,
+        HALF_P2,
+        PASS_P2,
+    )
+
+
+def _token_rows(name: str, x: torch.Tensor, head_size: int) -> torch.Tensor:
+    """``x`` as [num_tokens, num_heads * head_size] with contiguous heads (copied only if it must be)."""
+    rows = x.reshape(x.shape[0], -1) if x.dim() == 3 and x.stride(1) == head_size else x
+    if rows.dim() != 2 or rows.stride(-1) != 1:
+        rows = x.reshape(x.shape[0], -1).contiguous()
+    if rows.shape[1] % head_size:
+        raise ValueError(f"rotary_embedding: {name} width {rows.shape[1]} is not a multiple of {head_size}")
+    return rows
+
+
+@rotary_embedding.register("triton")
+def rotary_embedding_triton(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rotary_dim = cos_sin_cache.shape[-1]
+    if rotary_dim % 2 or rotary_dim > head_size:
+        raise ValueError(f"rotary_embedding: rotary_dim {rotary_dim} must be even and <= {head_size}")
+    if cos_sin_cache.stride(-1) != 1:
+        cos_sin_cache = cos_sin_cache.contiguous()
+    num_tokens = positions.numel()
+    if q.shape[0] != num_tokens or k.shape[0] != num_tokens:
+        raise ValueError(f"rotary_embedding: {num_tokens} positions, q {tuple(q.shape)}, k {tuple(k.shape)}")
+    q_rows, k_rows = _token_rows("q", q, head_size), _token_rows("k", k, head_size)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if num_tokens == 0:
+        return q_out, k_out
+    num_q_heads, num_k_heads = q_rows.shape[1] // head_size, k_rows.shape[1] // head_size
+    pass_dim = head_size - rotary_dim
+    _rotary_embedding_kernel[(num_tokens,)](
+        positions,
+        q_rows,
+        k_rows,
+        q_out,
+        k_out,
+        cos_sin_cache,
+        q_rows.stride(0),
+        k_rows.stride(0),
+        cos_sin_cache.stride(0),
+        num_q_heads,
+        num_k_heads,
+        head_size,
+        IS_NEOX=is_neox,
+        HALF=rotary_dim // 2,
+        HALF_P2=next_pow2(rotary_dim // 2),
+        Q_HEADS_P2=next_pow2(num_q_heads),
+        K_HEADS_P2=next_pow2(num_k_heads),
+        PASS_P2=next_pow2(pass_dim) if pass_dim else 0,
+        num_warps=4,
+    )
+    return q_out, k_out

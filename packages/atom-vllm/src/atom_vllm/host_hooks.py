@@ -1,4 +1,5 @@
-"""Plug vLLM's TP group and attention layer into atom-core (see atom_core.distributed/attention)."""
+"""Plug vLLM's TP group and attention layers into atom-core (see atom_core.distributed, and
+atom_core.layers.attention / atom_core.layers.mla)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from torch import nn
 
 from atom_core.distributed import TPGroup, set_tp_group
 from atom_core.layers.attention import AttentionSpec, set_attention_factory
+from atom_core.layers.mla import LatentAttentionSpec, set_latent_attention_factory
 
 
 def vllm_attention(spec: AttentionSpec) -> nn.Module:
@@ -26,6 +28,14 @@ def vllm_attention(spec: AttentionSpec) -> nn.Module:
         prefix=spec.prefix,
         **extra,
     )
+
+
+def vllm_latent_attention(spec: LatentAttentionSpec) -> nn.Module:
+    """ATOM's MLA layer for vLLM (vLLM's own MLAAttention cannot take ATOM's layers; see
+    atom_vllm.attention.mla)."""
+    from atom_vllm.attention.mla import ATOMMLAAttention
+
+    return ATOMMLAAttention(spec)
 
 
 def _all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -50,3 +60,4 @@ def install_vllm_hooks() -> None:
         )
     )
     set_attention_factory(vllm_attention)
+    set_latent_attention_factory(vllm_latent_attention)

@@ -14,7 +14,7 @@ from vllm.utils.import_utils import resolve_obj_by_qualname
 
 from atom_core.log import logger
 from atom_vllm import envs
-from atom_vllm.register import MHA_BACKEND
+from atom_vllm.register import MHA_BACKEND, MLA_BACKEND
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -51,11 +51,40 @@ def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
     )
 
 
+def atom_serves_model(model_config) -> bool:
+    """Whether ATOM's own model class serves this model (its architecture is one ATOM implements)."""
+    from atom_core.models import SUPPORTED_ARCHITECTURES
+
+    architectures = getattr(model_config, "architectures", None) or []
+    return bool(architectures) and architectures[0] in SUPPORTED_ARCHITECTURES
+
+
+def atom_mla_supports(config: AttentionSelectorConfig) -> bool:
+    """Whether ATOM's MLA backend serves this layer: dense MLA in a model ATOM implements. (The MLA
+    layers of models ATOM does not implement are vLLM's own and need vLLM's MLA backends.)"""
+    from vllm.config import get_current_vllm_config
+    from vllm.v1.attention.backend import AttentionType
+
+    return (
+        config.use_mla
+        and not config.use_sparse
+        and config.attn_type == AttentionType.DECODER
+        and config.kv_cache_dtype in (None, "auto")
+        and atom_serves_model(get_current_vllm_config().model_config)
+    )
+
+
 class ATOMPlatform(_Base):
     _atom_attention_logged = False
+    _atom_mla_logged = False
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if not envs.attention_disabled() and atom_mla_supports(attn_selector_config):
+            if not cls._atom_mla_logged:
+                logger.info("Use atom MLA attention backend")
+                cls._atom_mla_logged = True
+            return MLA_BACKEND
         if envs.attention_disabled() or not atom_attention_supports(attn_selector_config):
             return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
         if not cls._atom_attention_logged:
@@ -65,14 +94,21 @@ class ATOMPlatform(_Base):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        scheduler_config = vllm_config.scheduler_config
+        requested = (scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens)
         super().check_and_update_config(vllm_config)
         model_config = vllm_config.model_config
         if model_config is None:
             return
-        from atom_core.models import SUPPORTED_ARCHITECTURES
-
+        if model_config.use_mla and atom_serves_model(model_config) and not envs.attention_disabled():
+            # vLLM 0.26's CPU platform turns chunked prefill off for every MLA model, because none of
+            # its CPU backends runs MLA; ATOM's MLA backend does, chunked prefill included. Undo it
+            # (catalogued in patches.md; delete once vLLM leaves the choice to the attention backend).
+            if (scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens) != requested:
+                logger.info("ATOM's MLA backend serves this model: keeping chunked prefill as configured")
+                scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens = requested
         architectures = getattr(model_config, "architectures", None) or []
-        if architectures and architectures[0] not in SUPPORTED_ARCHITECTURES:
+        if architectures and not atom_serves_model(model_config):
             logger.info(
                 "Architecture %s is not implemented by ATOM; vLLM's own model serves it",
                 architectures[0],

@@ -11,6 +11,7 @@ PLATFORM_QUALNAME = "atom_vllm.platform.ATOMPlatform"
 DENSE_WRAPPER = "atom_vllm.model_wrapper:ATOMForCausalLM"
 MOE_WRAPPER = "atom_vllm.model_wrapper:ATOMMoEForCausalLM"
 MHA_BACKEND = "atom_vllm.attention.mha.ATOMAttentionBackend"
+MLA_BACKEND = "atom_vllm.attention.mla.ATOMMLABackend"
 
 _registered_models = False
 

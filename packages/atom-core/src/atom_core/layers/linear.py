@@ -16,8 +16,9 @@ from torch import nn
 from atom_core.distributed import divide, get_tp_group
 
 
-def make_param(shape: Sequence[int], loader, expected_shards=(None,)) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
+def make_param(shape: Sequence[int], loader, expected_shards=(None,),
+               dtype: torch.dtype | None = None) -> nn.Parameter:
+    param = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
     param.weight_loader = loader
     param.expected_shards = tuple(expected_shards)
     return param
@@ -37,6 +38,20 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=No
     if shard_id is not None:
         raise ValueError(f"an unsharded parameter got shard {shard_id!r}")
     copy_checked(param.data, loaded)
+
+
+def rank_sharded_weight_loader(dim: int):
+    """Loader of a parameter that holds this rank's equal slice of the checkpoint tensor along
+    ``dim`` (per-head attention sinks, for example)."""
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"a rank-sharded parameter got shard {shard_id!r}")
+        tp = get_tp_group()
+        size = divide(loaded.shape[dim], tp.world_size)
+        copy_checked(param.data, loaded.narrow(dim, tp.rank * size, size))
+
+    return load
 
 
 class LinearBase(nn.Module):

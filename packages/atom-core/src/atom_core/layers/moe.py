@@ -1,52 +1,205 @@
-"""Fused mixture-of-experts layer: softmax top-k routing + stacked expert weights.
+"""Mixture-of-experts: a top-k router, fused experts, and the sparse block that composes them.
 
-Expert weights are stacked per layer: ``w13_weight`` [E, 2 * I/tp, D] ([gate | up] rows) and
-``w2_weight`` [E, D, I/tp]. Their shard ids are ``(expert, 0 | 1)`` for gate/up and ``expert`` for
-down, so a per-expert checkpoint (``experts.{e}.gate_proj.weight``, ...) loads through one table.
+Family differences are constructor arguments:
+
+- :class:`TopKRouter`: softmax top-k (Mixtral, Qwen3-MoE, GPT-OSS; optionally with a router bias)
+  or sigmoid group-limited top-k steered by an ``e_score_correction_bias`` (GLM-4-MoE, DeepSeek-V3),
+  with optional renormalisation and a routed scaling factor.
+- :class:`FusedMoE`: the gated activation (SiLU, or GPT-OSS's clamped SwiGLU), gate/up rows
+  concatenated ``[gate | up]`` or interleaved, expert biases, and the checkpoint layout.
+- :class:`SparseMoeBlock`: routed experts plus optional always-on shared experts.
+
+Expert weights are stacked per layer in ATOM's layout: ``w13_weight`` [E, 2 * I/tp, D] (gate/up
+rows) and ``w2_weight`` [E, D, I/tp], with biases ``w13_bias`` [E, 2 * I/tp] and ``w2_bias`` [E, D].
+A checkpoint provides them in one of two layouts, which fixes the parameters' shard ids:
+
+- per expert, nn.Linear style (``experts.{e}.gate_proj.weight`` [I, D], ...): shard ids
+  ``(expert, 0 | 1)`` for gate/up and ``expert`` for down;
+- stacked, transposed (GPT-OSS's ``experts.gate_up_proj`` [E, D, 2I], ``experts.down_proj``
+  [E, I, D], biases [E, 2I] and [E, D]): one tensor per parameter, shard id ``None``.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import atom_kernels
 from atom_core.distributed import divide, get_tp_group
-from atom_core.layers.linear import copy_checked, make_param
+from atom_core.layers.linear import copy_checked, default_weight_loader, make_param
+
+PER_EXPERT = "per_expert"
+STACKED_TRANSPOSED = "stacked_transposed"
+
+
+class TopKRouter(nn.Module):
+    """Router logits ``x W^T (+ b)`` -> (weights fp32 [T, top_k], expert ids int32 [T, top_k]).
+
+    ``scoring="softmax"``: the top-k of the softmax over all experts (renormalised over the k when
+    ``renormalize``); with ``num_expert_group`` > 1, only within the best ``topk_group`` groups
+    ranked by their best expert (DeepSeek-V2's ``group_limited_greedy``). ``scoring="sigmoid"``:
+    sigmoid scores, the best ``topk_group`` of ``num_expert_group`` groups, top-k within them; with
+    ``correction_bias`` a learned ``e_score_correction_bias`` steers the choice but not the weights.
+    Weights are multiplied by ``routed_scaling_factor``. The router weights are replicated on every
+    TP rank.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        renormalize: bool,
+        prefix: str = "",
+        bias: bool = False,
+        scoring: str = "softmax",
+        num_expert_group: int = 1,
+        topk_group: int = 1,
+        correction_bias: bool = False,
+        routed_scaling_factor: float = 1.0,
+    ):
+        super().__init__()
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+        if scoring == "softmax" and correction_bias:
+            raise ValueError("bias-corrected routing needs scoring='sigmoid'")
+        self.prefix = prefix
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.scoring = scoring
+        self.num_expert_group = num_expert_group
+        self.topk_group = topk_group
+        self.routed_scaling_factor = routed_scaling_factor
+        self.weight = make_param((num_experts, hidden_size), default_weight_loader)
+        self.bias = make_param((num_experts,), default_weight_loader) if bias else None
+        # Kept in fp32 whatever the model dtype, as the checkpoints store it.
+        self.e_score_correction_bias = (
+            make_param((num_experts,), default_weight_loader, dtype=torch.float32)
+            if correction_bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.weight, self.bias)
+        if self.scoring == "softmax" and self.num_expert_group == 1:
+            weights, ids = atom_kernels.topk_softmax(logits, self.top_k, self.renormalize)
+            if self.routed_scaling_factor != 1.0:
+                weights = weights * self.routed_scaling_factor
+            return weights, ids
+        return atom_kernels.grouped_topk(
+            logits, self.top_k, self.num_expert_group, self.topk_group, self.renormalize,
+            self.scoring, self.e_score_correction_bias, self.routed_scaling_factor,
+        )
 
 
 class FusedMoE(nn.Module):
-    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool, prefix: str = ""):
+    """Routed experts: ``sum_k w_k * down_k(act(gate_up_k(x)))``, column/row split across TP ranks.
+
+    ``activation`` is ``"silu"`` or ``"clamped_swiglu"`` (with ``swiglu_alpha``, ``swiglu_limit``);
+    ``interleaved`` says the gate/up rows alternate (g0, u0, g1, ...) instead of ``[gate | up]``;
+    ``bias`` adds ``w13_bias`` / ``w2_bias``; ``checkpoint_layout`` is :data:`PER_EXPERT` or
+    :data:`STACKED_TRANSPOSED` (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        prefix: str = "",
+        activation: str = "silu",
+        interleaved: bool = False,
+        bias: bool = False,
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
+        checkpoint_layout: str = PER_EXPERT,
+    ):
         super().__init__()
+        if checkpoint_layout not in (PER_EXPERT, STACKED_TRANSPOSED):
+            raise ValueError(f"unknown expert checkpoint layout {checkpoint_layout!r}")
+        per_expert = checkpoint_layout == PER_EXPERT
+        if per_expert and (interleaved or bias):
+            raise ValueError("per-expert checkpoints have [gate | up] rows and no expert biases")
         self.prefix = prefix
         self.tp = get_tp_group()
         self.num_experts = num_experts
-        self.top_k = top_k
-        self.renormalize = renormalize
+        self.activation = activation
+        self.interleaved = interleaved
+        self.swiglu_alpha = swiglu_alpha
+        self.swiglu_limit = swiglu_limit
+        self.checkpoint_layout = checkpoint_layout
         self.local_intermediate = divide(intermediate_size, self.tp.world_size)
         experts = range(num_experts)
+        w13_shards = [(e, j) for e in experts for j in (0, 1)] if per_expert else (None,)
         self.w13_weight = make_param(
-            (num_experts, 2 * self.local_intermediate, hidden_size),
-            self.weight_loader,
-            [(e, j) for e in experts for j in (0, 1)],
+            (num_experts, 2 * self.local_intermediate, hidden_size), self.weight_loader, w13_shards
         )
         self.w2_weight = make_param(
-            (num_experts, hidden_size, self.local_intermediate), self.weight_loader, experts
+            (num_experts, hidden_size, self.local_intermediate), self.weight_loader,
+            experts if per_expert else (None,),
         )
+        self.w13_bias = self.w2_bias = None
+        if bias:
+            self.w13_bias = make_param((num_experts, 2 * self.local_intermediate), self.weight_loader)
+            self.w2_bias = make_param((num_experts, hidden_size), self.weight_loader)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
+    def _rank_gate_up(self, full: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's gate/up rows of a full [.., 2I, ..] tensor (``dim`` indexes the 2I rows)."""
         size, rank = self.local_intermediate, self.tp.rank
-        if param is self.w13_weight:
-            expert, half = shard_id
-            target = param.data[expert].narrow(0, half * size, size)
-            copy_checked(target, loaded.narrow(0, rank * size, size))
-        else:
-            copy_checked(param.data[shard_id], loaded.narrow(1, rank * size, size))
+        if self.interleaved:  # g0 u0 g1 u1 ...: a rank's intermediate slice is contiguous
+            return full.narrow(dim, 2 * rank * size, 2 * size)
+        gate, up = full.chunk(2, dim=dim)
+        return torch.cat([gate.narrow(dim, rank * size, size), up.narrow(dim, rank * size, size)], dim)
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        weights, ids = atom_kernels.topk_softmax(router_logits, self.top_k, self.renormalize)
-        out = atom_kernels.fused_moe(x, self.w13_weight, self.w2_weight, weights, ids)
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        size, rank = self.local_intermediate, self.tp.rank
+        if self.checkpoint_layout == PER_EXPERT:
+            if param is self.w13_weight:
+                expert, half = shard_id
+                target = param.data[expert].narrow(0, half * size, size)
+                copy_checked(target, loaded.narrow(0, rank * size, size))
+            else:
+                copy_checked(param.data[shard_id], loaded.narrow(1, rank * size, size))
+            return
+        if shard_id is not None:
+            raise ValueError(f"a stacked expert tensor takes no shard id, got {shard_id!r}")
+        if param is self.w13_weight:  # [E, D, 2I] -> [E, 2I, D]
+            copy_checked(param.data, self._rank_gate_up(loaded.transpose(1, 2), 1))
+        elif param is self.w2_weight:  # [E, I, D] -> [E, D, I]
+            copy_checked(param.data, loaded.transpose(1, 2).narrow(2, rank * size, size))
+        elif param is self.w13_bias:
+            copy_checked(param.data, self._rank_gate_up(loaded, 1))
+        else:
+            # The down bias is added once: every rank's partial sum would otherwise carry it.
+            copy_checked(param.data, loaded if rank == 0 else torch.zeros_like(loaded))
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = atom_kernels.fused_moe(
+            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+            activation=self.activation, interleaved=self.interleaved,
+            w13_bias=self.w13_bias, w2_bias=self.w2_bias,
+            swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+        )
         if self.tp.world_size > 1:
             out = self.tp.all_reduce(out)
+        return out
+
+
+class SparseMoeBlock(nn.Module):
+    """``experts(x, gate(x))`` plus, if given, ``shared_experts(x)`` (a dense MLP every token runs).
+
+    Checkpoint names follow the attribute names: ``<prefix>.gate``, ``<prefix>.experts``,
+    ``<prefix>.shared_experts``.
+    """
+
+    def __init__(self, gate: TopKRouter, experts: FusedMoE, shared_experts: nn.Module | None = None):
+        super().__init__()
+        self.gate = gate
+        self.experts = experts
+        self.shared_experts = shared_experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, *self.gate(x))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
         return out

@@ -12,10 +12,11 @@ from atom_kernels import rope as rope_ops
 
 
 def hf_rope_parameters(hf_config: Any) -> dict[str, Any]:
-    """Rope settings of an HF config as one dict with ``rope_theta`` and ``rope_type``.
+    """Rope settings of an HF config as one dict with ``rope_theta``, ``rope_type`` and
+    ``partial_rotary_factor``.
 
-    transformers 5 keeps them in ``rope_parameters``; older configs use ``rope_theta`` and
-    ``rope_scaling``.
+    transformers 5 keeps them in ``rope_parameters``; older configs use ``rope_theta``,
+    ``rope_scaling`` and a top-level ``partial_rotary_factor``.
     """
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     scaling = getattr(hf_config, "rope_scaling", None) or {}
@@ -24,12 +25,35 @@ def hf_rope_parameters(hf_config: Any) -> dict[str, Any]:
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(hf_config, "rope_theta", 10000.0)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    if "partial_rotary_factor" not in params:
+        params["partial_rotary_factor"] = getattr(hf_config, "partial_rotary_factor", None) or 1.0
     return params
 
 
+def yarn_attention_factor(rope: dict[str, Any]) -> float:
+    """The cos/sin magnitude of YaRN as HF computes it: ``attention_factor`` if the config sets
+    one, else from ``mscale`` / ``mscale_all_dim`` (DeepSeek) or from ``factor`` alone."""
+    if rope.get("attention_factor") is not None:
+        return rope["attention_factor"]
+    if rope.get("mscale") and rope.get("mscale_all_dim"):
+        return rope_ops.deepseek_yarn_mscale(rope["factor"], rope["mscale"], rope["mscale_all_dim"])
+    return rope_ops.yarn_mscale(rope["factor"])
+
+
 def build_cos_sin_cache(rotary_dim: int, max_position: int, rope: dict[str, Any]) -> torch.Tensor:
-    inv_freq = rope_ops.default_inv_freq(rotary_dim, rope["rope_theta"])
     rope_type = rope["rope_type"]
+    if rope_type == "yarn":
+        inv_freq = rope_ops.yarn_inv_freq(
+            rotary_dim,
+            rope["rope_theta"],
+            rope["factor"],
+            rope["original_max_position_embeddings"],
+            beta_fast=rope.get("beta_fast") or 32,
+            beta_slow=rope.get("beta_slow") or 1,
+            truncate=rope.get("truncate", True),
+        )
+        return rope_ops.compute_cos_sin_cache(inv_freq, max_position, yarn_attention_factor(rope))
+    inv_freq = rope_ops.default_inv_freq(rotary_dim, rope["rope_theta"])
     if rope_type == "llama3":
         inv_freq = rope_ops.llama3_inv_freq(
             inv_freq,

@@ -2,6 +2,9 @@
 
 qkv projection -> optional per-head QK RMSNorm -> RoPE -> :class:`Attention` -> o projection.
 Family differences (bias, QK-norm, partial rotary, sliding window, sinks) are constructor arguments.
+Partial rotary comes from the rope settings (``partial_rotary_factor``) unless ``rotary_dim`` is
+given. ``sinks`` adds a learned per-head logit that joins the softmax denominator (GPT-OSS),
+checkpoint name ``<prefix>.sinks``, split across TP ranks with the heads.
 """
 
 from __future__ import annotations
@@ -12,7 +15,12 @@ import torch
 from torch import nn
 
 from atom_core.layers.attention import Attention, AttentionSpec
-from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
+from atom_core.layers.linear import (
+    QKVParallelLinear,
+    RowParallelLinear,
+    make_param,
+    rank_sharded_weight_loader,
+)
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import RotaryEmbedding
 
@@ -33,6 +41,7 @@ class DecoderSelfAttention(nn.Module):
         qk_norm_eps: float | None = None,
         rotary_dim: int | None = None,
         sliding_window: int | None = None,
+        sinks: bool = False,
     ):
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
@@ -49,7 +58,12 @@ class DecoderSelfAttention(nn.Module):
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.rotary_emb = RotaryEmbedding(head_dim, rotary_dim or head_dim, max_position, rope)
+        if rotary_dim is None:
+            rotary_dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+        self.rotary_emb = RotaryEmbedding(head_dim, rotary_dim, max_position, rope)
+        self.sinks = (
+            make_param((self.qkv_proj.num_heads,), rank_sharded_weight_loader(0)) if sinks else None
+        )
         self.attn = Attention(
             AttentionSpec(
                 num_heads=self.qkv_proj.num_heads,
@@ -59,6 +73,7 @@ class DecoderSelfAttention(nn.Module):
                 prefix=f"{prefix}.attn",
                 layer_id=layer_id,
                 sliding_window=sliding_window,
+                sinks=self.sinks,
             )
         )
 

@@ -8,13 +8,17 @@ loading live here once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
+from atom_core.compile import support_torch_compile
 from atom_core.config import Config
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.norm import RMSNorm
+from atom_core.layers.rotary import hf_rope_parameters
+from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import StackedWeight, WeightMap, load_weights
 
 # HF q/k/v and gate/up projections, fused into one GEMM each.
@@ -29,6 +33,36 @@ STACKED_QKV_GATE_UP = [
 
 def join_prefix(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def layer_sliding_window(hf: Any, layer_id: int) -> int | None:
+    """The sliding window of one layer: ``sliding_window`` on the layers that ``layer_types`` marks
+    ``sliding_attention`` (on all layers if the config has no layer types), unless the config turns
+    it off (``use_sliding_window=False``)."""
+    if not getattr(hf, "use_sliding_window", True):
+        return None
+    layer_types = getattr(hf, "layer_types", None)
+    if layer_types is not None and layer_types[layer_id] != "sliding_attention":
+        return None
+    return getattr(hf, "sliding_window", None)
+
+
+def hf_self_attention(hf: Any, layer_id: int, prefix: str, **family_args: Any) -> DecoderSelfAttention:
+    """Self-attention of layer ``layer_id`` from the HF config fields every family shares (heads,
+    head_dim, rope incl. partial rotary, sliding window); the family's own differences (bias,
+    QK-norm, sinks) come as ``family_args``."""
+    return DecoderSelfAttention(
+        hidden_size=hf.hidden_size,
+        num_heads=hf.num_attention_heads,
+        num_kv_heads=hf.num_key_value_heads,
+        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+        rope=hf_rope_parameters(hf),
+        max_position=hf.max_position_embeddings,
+        layer_id=layer_id,
+        prefix=f"{prefix}.self_attn",
+        sliding_window=layer_sliding_window(hf, layer_id),
+        **family_args,
+    )
 
 
 class DecoderLayer(nn.Module):
@@ -53,6 +87,7 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
+@support_torch_compile
 class DecoderModel(nn.Module):
     def __init__(self, config: Config, make_layer: Callable[[int, str], nn.Module], prefix: str):
         super().__init__()

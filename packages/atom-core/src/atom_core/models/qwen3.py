@@ -6,30 +6,15 @@ from typing import Any
 
 from atom_core.config import Config
 from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.rotary import hf_rope_parameters
 from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import WeightMap
-from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer
+from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer, hf_self_attention
 
 
 def qwen3_attention(hf: Any, layer_id: int, prefix: str) -> DecoderSelfAttention:
-    window = getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", False) else None
-    layer_types = getattr(hf, "layer_types", None)
-    if layer_types is not None and layer_types[layer_id] != "sliding_attention":
-        window = None
-    return DecoderSelfAttention(
-        hidden_size=hf.hidden_size,
-        num_heads=hf.num_attention_heads,
-        num_kv_heads=hf.num_key_value_heads,
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
-        rope=hf_rope_parameters(hf),
-        max_position=hf.max_position_embeddings,
-        layer_id=layer_id,
-        prefix=f"{prefix}.self_attn",
-        qkv_bias=getattr(hf, "attention_bias", False),
-        qk_norm_eps=hf.rms_norm_eps,
-        sliding_window=window,
-    )
+    bias = getattr(hf, "attention_bias", False)
+    return hf_self_attention(hf, layer_id, prefix, qkv_bias=bias, o_bias=bias,
+                             qk_norm_eps=hf.rms_norm_eps)
 
 
 class Qwen3ForCausalLM(CausalLM):

@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import Any
 
 from atom_core.config import Config
-from atom_core.layers.linear import ReplicatedLinear
 from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.moe import FusedMoE
+from atom_core.layers.moe import FusedMoE, SparseMoeBlock, TopKRouter
 from atom_core.loader import ExpertWeightNames, WeightMap
 from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer
 from atom_core.models.qwen3 import qwen3_attention
 
 
-class Qwen3MoeSparseBlock(nn.Module):
-    def __init__(self, hf, prefix: str):
-        super().__init__()
-        self.gate = ReplicatedLinear(hf.hidden_size, hf.num_experts, prefix=f"{prefix}.gate")
-        self.experts = FusedMoE(
-            hf.num_experts, hf.num_experts_per_tok, hf.hidden_size, hf.moe_intermediate_size,
-            renormalize=hf.norm_topk_prob, prefix=f"{prefix}.experts",
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.experts(x, self.gate(x))
-
-
-def is_sparse_layer(hf, layer_id: int) -> bool:
+def is_sparse_layer(hf: Any, layer_id: int) -> bool:
     return (
         layer_id not in (getattr(hf, "mlp_only_layers", None) or [])
         and hf.num_experts > 0
@@ -42,7 +27,12 @@ class Qwen3MoeForCausalLM(CausalLM):
         def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
             mlp_prefix = f"{layer_prefix}.mlp"
             if is_sparse_layer(hf, layer_id):
-                mlp = Qwen3MoeSparseBlock(hf, mlp_prefix)
+                mlp = SparseMoeBlock(
+                    TopKRouter(hf.hidden_size, hf.num_experts, hf.num_experts_per_tok,
+                               renormalize=hf.norm_topk_prob, prefix=f"{mlp_prefix}.gate"),
+                    FusedMoE(hf.num_experts, hf.hidden_size, hf.moe_intermediate_size,
+                             prefix=f"{mlp_prefix}.experts"),
+                )
             else:
                 mlp = GatedMLP(hf.hidden_size, hf.intermediate_size, mlp_prefix)
             return DecoderLayer(qwen3_attention(hf, layer_id, layer_prefix), mlp,

@@ -14,6 +14,12 @@ class ModelEntry:
 
 
 SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
+    "DeepseekV2ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV2ForCausalLM", True),
+    "DeepseekV3ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV3ForCausalLM", True),
+    "Glm4MoeForCausalLM": ModelEntry("atom_core.models.glm4_moe", "Glm4MoeForCausalLM", True),
+    "GptOssForCausalLM": ModelEntry("atom_core.models.gpt_oss", "GptOssForCausalLM", True),
+    "LlamaForCausalLM": ModelEntry("atom_core.models.llama", "LlamaForCausalLM", False),
+    "MixtralForCausalLM": ModelEntry("atom_core.models.mixtral", "MixtralForCausalLM", True),
     "Qwen3ForCausalLM": ModelEntry("atom_core.models.qwen3", "Qwen3ForCausalLM", False),
     "Qwen3MoeForCausalLM": ModelEntry("atom_core.models.qwen3_moe", "Qwen3MoeForCausalLM", True),
 }

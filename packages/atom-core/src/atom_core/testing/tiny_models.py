@@ -97,6 +97,63 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         routed_scaling_factor=2.5,
         num_nextn_predict_layers=0,
     ),
+    # MLA without q LoRA (as DeepSeek-V2-Lite): kv_lora_rank 40, per head nope 16 + rope 8 and v 20
+    # (q/k and v head dims differ); first layer dense; softmax routing limited to the best 2 of 4
+    # expert groups, 2 shared experts, routed scaling; YaRN rope with DeepSeek's mscale (the 4x
+    # interpolated low frequencies matter at test lengths). num_key_value_heads = heads: HF repeats
+    # the expanded heads otherwise.
+    "DeepseekV2ForCausalLM": dict(
+        model_type="deepseek_v2",
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=40,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        head_dim=8,  # HF's name for the rope dim of MLA configs
+        v_head_dim=20,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=48,
+        n_shared_experts=2,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.5,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=256,
+            mscale=0.707, mscale_all_dim=0.707, beta_fast=32.0, beta_slow=1.0,
+        ),
+    ),
+    # DeepSeek-V3 / Kimi-K2 style: q LoRA (rank 48), sigmoid noaux_tc routing over 4 groups (best 2)
+    # steered by e_score_correction_bias, renormalised and scaled, 1 shared expert, interleaved
+    # rope pairs; YaRN whose mscale != mscale_all_dim, so cos/sin carry a magnitude as well.
+    "DeepseekV3ForCausalLM": dict(
+        model_type="deepseek_v3",
+        num_key_value_heads=4,
+        q_lora_rank=48,
+        kv_lora_rank=40,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        head_dim=8,  # HF's name for the rope dim of MLA configs
+        v_head_dim=20,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=48,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=0,
+        rope_interleave=True,
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=256,
+            mscale=1.0, mscale_all_dim=0.8, beta_fast=32.0, beta_slow=1.0,
+        ),
+    ),
     # Sliding (window 8) and full attention alternate; sinks; q/k/v/o bias; router bias; experts
     # with biases and a clamped SwiGLU whose limit (0.5) the activations reach; yarn rope.
     "GptOssForCausalLM": dict(

@@ -1,0 +1,239 @@
+"""fp8 GEMMs: ``out = dequant(a) @ dequant(b).T`` with a [M, K] activations, b [N, K] weights (the
+nn.Linear layout), both fp8, and fp32 scales.
+
+* ``fp8_scaled_mm``: a_scale [1] (per tensor) or [M, 1] (per token); b_scale [1] (per tensor) or
+  [N, 1] / [N] (per channel). The scales multiply the fp32 accumulator once, in the epilogue.
+* ``fp8_block_scaled_mm``: DeepSeek-V3-style blocks: a_scale [M, K / 128] (1 x 128 groups, from
+  :func:`atom_kernels.per_group_quant_fp8`), b_scale [N / 128, K / 128] (128 x 128 blocks), applied per
+  K step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device
+
+fp8_scaled_mm = define_op(
+    "fp8_scaled_mm",
+    "fp8_scaled_mm(a, b, a_scale, b_scale, out_dtype, bias=None) -> [M, N]; per-tensor or "
+    "per-token x per-channel scales",
+)
+fp8_block_scaled_mm = define_op(
+    "fp8_block_scaled_mm",
+    "fp8_block_scaled_mm(a, b, a_scale, b_scale, out_dtype, block_size=128) -> [M, N]; 1x128 "
+    "activation groups, 128x128 weight blocks",
+)
+
+
+def _column(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+    """A per-tensor ([1]) or per-row ([rows] / [rows, 1]) scale as a fp32 [rows or 1, 1] column."""
+    scale = scale.float().reshape(-1, 1)
+    if scale.shape[0] not in (1, rows):
+        raise ValueError(f"{name}: {scale.shape[0]} scales for {rows} rows")
+    return scale
+
+
+@fp8_scaled_mm.register("torch")
+def fp8_scaled_mm_torch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    out = (a.float() @ b.float().t()) * _column(a_scale, a.shape[0], "a_scale")
+    out = out * _column(b_scale, b.shape[0], "b_scale").t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def _expand_blocks(scale: torch.Tensor, rows: int, cols: int, block_rows: int, block_cols: int) -> torch.Tensor:
+    expanded = scale.float().repeat_interleave(block_rows, dim=0).repeat_interleave(block_cols, dim=1)
+    return expanded[:rows, :cols]
+
+
+@fp8_block_scaled_mm.register("torch")
+def fp8_block_scaled_mm_torch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    block_size: int = 128,
+) -> torch.Tensor:
+    (m, k), n = a.shape, b.shape[0]
+    a_deq = a.float() * _expand_blocks(a_scale, m, k, 1, block_size)
+    b_deq = b.float() * _expand_blocks(b_scale, n, k, block_size, block_size)
+    return (a_deq @ b_deq.t()).to(out_dtype)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    a_scale_ptr,
+    b_scale_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    a_stride,
+    b_stride,
+    out_stride,
+    a_scale_stride,
+    b_scale_stride,
+    A_PER_ROW: tl.constexpr,
+    B_PER_ROW: tl.constexpr,
+    BLOCK_SCALED: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m, num_pid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_pid_n)
+    first_m = group * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_size
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_size
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_valid, col_valid = rows < M, cols < N
+    a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
+    b_cols = b_ptr + cols.to(tl.int64)[None, :] * b_stride
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & (ks < K)[None, :], other=0.0)
+        b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & col_valid[None, :], other=0.0)
+        if BLOCK_SCALED:
+            # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group.
+            k_group = k0 // SCALE_BLOCK
+            sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group, mask=row_valid, other=0.0)
+            sb = tl.load(
+                b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride + k_group, mask=col_valid, other=0.0
+            )
+            acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+        else:
+            # A fresh dot per K step, added in fp32: Hopper's fp8 MMA accumulates with fewer bits than
+            # fp32, so long K runs are promoted every BLOCK_K (as DeepGEMM does).
+            acc += tl.dot(a, b)
+    if not BLOCK_SCALED:
+        if A_PER_ROW:
+            acc *= tl.load(a_scale_ptr + rows, mask=row_valid, other=0.0)[:, None]
+        else:
+            acc *= tl.load(a_scale_ptr)
+        if B_PER_ROW:
+            acc *= tl.load(b_scale_ptr + cols, mask=col_valid, other=0.0)[None, :]
+        else:
+            acc *= tl.load(b_scale_ptr)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & col_valid[None, :])
+
+
+def _gemm_config(m: int) -> dict[str, int]:
+    """Tiles by M: decode-sized M streams the weights, prefill-sized M is compute bound."""
+    if m <= 16:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+    if m <= 64:
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+def _launch_fp8_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None,
+    block_scaled: bool,
+    scale_block: int,
+) -> torch.Tensor:
+    check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, bias=bias)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"fp8 gemm: a {tuple(a.shape)} and b {tuple(b.shape)} are not [M, K] x [N, K]")
+    if a.element_size() != 1 or b.element_size() != 1:
+        raise ValueError(f"fp8 gemm: operands must be fp8, got {a.dtype} and {b.dtype}")
+    check_last_dim_contiguous("a", a)
+    check_last_dim_contiguous("b", b)
+    (m, k), n = a.shape, b.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    config = _gemm_config(m)
+    if block_scaled:
+        config["BLOCK_K"] = min(config["BLOCK_K"], scale_block)
+        if scale_block % config["BLOCK_K"]:
+            raise ValueError(f"fp8_block_scaled_mm: block_size {scale_block} must be a multiple of 128")
+    grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
+    _fp8_gemm_kernel[grid](
+        a,
+        b,
+        out,
+        a_scale,
+        b_scale,
+        bias,
+        m,
+        n,
+        k,
+        a.stride(0),
+        b.stride(0),
+        out.stride(0),
+        a_scale.stride(0) if block_scaled else 0,
+        b_scale.stride(0) if block_scaled else 0,
+        A_PER_ROW=a_scale.numel() > 1,
+        B_PER_ROW=b_scale.numel() > 1,
+        BLOCK_SCALED=block_scaled,
+        SCALE_BLOCK=scale_block,
+        HAS_BIAS=bias is not None,
+        **config,
+    )
+    return out
+
+
+@fp8_scaled_mm.register("triton")
+def fp8_scaled_mm_triton(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    a_scale = _column(a_scale, a.shape[0], "a_scale").contiguous()
+    b_scale = _column(b_scale, b.shape[0], "b_scale").contiguous()
+    return _launch_fp8_gemm(a, b, a_scale, b_scale, out_dtype, bias, False, 128)
+
+
+@fp8_block_scaled_mm.register("triton")
+def fp8_block_scaled_mm_triton(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    block_size: int = 128,
+) -> torch.Tensor:
+    (m, k), n = a.shape, b.shape[0]
+    groups_k, groups_n = triton.cdiv(k, block_size), triton.cdiv(n, block_size)
+    if a_scale.shape != (m, groups_k) or b_scale.shape != (groups_n, groups_k):
+        raise ValueError(
+            f"fp8_block_scaled_mm: a_scale {tuple(a_scale.shape)} != ({m}, {groups_k}) or "
+            f"b_scale {tuple(b_scale.shape)} != ({groups_n}, {groups_k})"
+        )
+    a_scale, b_scale = a_scale.float().contiguous(), b_scale.float().contiguous()
+    return _launch_fp8_gemm(a, b, a_scale, b_scale, out_dtype, None, True, block_size)

@@ -1,0 +1,192 @@
+"""Dynamic fp8 quantisation: per tensor, per token (row) and per group of 128 channels.
+
+``x ~= q.float() * scale`` with ``scale = amax / fp8_max`` over the tensor, each row, or each
+``group_size`` channels of each row; ``q = clamp(x / scale, -fp8_max, fp8_max)`` rounded to nearest
+even. Scales are fp32: [1] per tensor, [M, 1] per token, [M, K / group_size] per group (row-major).
+The fp8 type defaults to ``float8_e4m3fn`` (NVIDIA, MI350); MI300 uses ``float8_e4m3fnuz``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
+
+FP8_DTYPE = torch.float8_e4m3fn
+# The smallest amax a scale is computed from, so an all-zero row gets a finite scale.
+MIN_AMAX = 1e-10
+
+per_tensor_quant_fp8 = define_op(
+    "per_tensor_quant_fp8",
+    "per_tensor_quant_fp8(x, scale=None) -> (q fp8, scale [1]); dynamic when scale is None",
+)
+per_token_quant_fp8 = define_op("per_token_quant_fp8", "per_token_quant_fp8(x) -> (q fp8, scale [M, 1])")
+per_group_quant_fp8 = define_op(
+    "per_group_quant_fp8",
+    "per_group_quant_fp8(x, group_size=128) -> (q fp8, scale [M, K / group_size])",
+)
+
+
+def _fp8_max(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def _quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    fp8_max = _fp8_max(dtype)
+    return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype)
+
+
+def _scale_from_amax(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Divide by a tensor: torch divides a CUDA tensor by a Python scalar as a multiplication by its
+    # reciprocal, one ulp away from the IEEE quotient the kernels (and the CPU) compute.
+    amax = amax.float().clamp(min=MIN_AMAX)
+    return amax / torch.full_like(amax, _fp8_max(dtype))
+
+
+@per_tensor_quant_fp8.register("torch")
+def per_tensor_quant_fp8_torch(
+    x: torch.Tensor, scale: torch.Tensor | None = None, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if scale is None:
+        scale = _scale_from_amax(x.abs().amax().reshape(1), dtype)
+    return _quantize(x, scale.float().reshape(1), dtype), scale.float().reshape(1)
+
+
+@per_token_quant_fp8.register("torch")
+def per_token_quant_fp8_torch(
+    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = x.reshape(-1, x.shape[-1])
+    scale = _scale_from_amax(rows.abs().amax(dim=-1, keepdim=True), dtype)
+    return _quantize(rows, scale, dtype).view(x.shape), scale
+
+
+@per_group_quant_fp8.register("torch")
+def per_group_quant_fp8_torch(
+    x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.shape[-1] % group_size:
+        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
+    groups = x.reshape(-1, x.shape[-1] // group_size, group_size)
+    scale = _scale_from_amax(groups.abs().amax(dim=-1), dtype)
+    return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), scale
+
+
+@triton.jit
+def _quant_fp8_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    num_rows,
+    K,
+    x_stride,
+    fp8_max,
+    min_amax,
+    GROUP: tl.constexpr,
+    STATIC_SCALE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    """One program quantises BLOCK_R rows x one group of GROUP channels (GROUP = K: per token).
+
+    With STATIC_SCALE the scale is read (one per tensor); otherwise computed and written.
+    """
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    group = tl.program_id(1)
+    cols = group * GROUP + tl.arange(0, BLOCK_G)
+    mask = (rows < num_rows)[:, None] & (cols < K)[None, :] & (tl.arange(0, BLOCK_G) < GROUP)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    # div_rn: IEEE division, as torch divides (a plain / is approximate on the GPU), so the GPU's
+    # scales and fp8 values match the reference bit for bit.
+    if STATIC_SCALE:
+        scale = tl.load(scale_ptr + tl.zeros([BLOCK_R], tl.int32))
+    else:
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), min_amax), fp8_max)
+        num_groups = tl.num_programs(1)
+        tl.store(scale_ptr + rows.to(tl.int64) * num_groups + group, scale, mask=rows < num_rows)
+    q = tl.clamp(tl.div_rn(x, scale[:, None]), -fp8_max, fp8_max)
+    tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_amax_kernel(x_ptr, amax_ptr, num_rows, K, x_stride, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * x_stride + cols, mask=cols < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    tl.store(amax_ptr + row, tl.max(amax, axis=0))
+
+
+def _launch_quant(
+    x: torch.Tensor, group: int, dtype: torch.dtype, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_last_dim_contiguous("fp8 quant input", x)
+    rows = x.reshape(-1, x.shape[-1])
+    num_rows, k = rows.shape
+    q = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if static_scale is not None:
+        scale = static_scale
+    else:
+        scale = torch.empty((num_rows, k // group), dtype=torch.float32, device=x.device)
+    if q.numel() == 0:
+        return q, scale
+    block_g = next_pow2(group)
+    block_r = max(1, min(32, 4096 // block_g))
+    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(k, group))
+    _quant_fp8_kernel[grid](
+        rows,
+        q,
+        scale,
+        num_rows,
+        k,
+        rows.stride(0),
+        _fp8_max(dtype),
+        MIN_AMAX,
+        GROUP=group,
+        STATIC_SCALE=static_scale is not None,
+        BLOCK_R=block_r,
+        BLOCK_G=block_g,
+        num_warps=4 if block_r * block_g <= 4096 else 8,
+    )
+    return q, scale
+
+
+@per_tensor_quant_fp8.register("triton")
+def per_tensor_quant_fp8_triton(
+    x: torch.Tensor, scale: torch.Tensor | None = None, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if scale is None:
+        check_last_dim_contiguous("fp8 quant input", x)
+        rows = x.reshape(-1, x.shape[-1])
+        amax = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+        if rows.shape[0]:
+            _row_amax_kernel[(rows.shape[0],)](
+                rows, amax, rows.shape[0], rows.shape[1], rows.stride(0), BLOCK_K=1024, num_warps=4
+            )
+        scale = _scale_from_amax(amax.amax().reshape(1), dtype)
+    scale = scale.float().reshape(1).contiguous()
+    return _launch_quant(x, x.shape[-1], dtype, static_scale=scale)
+
+
+@per_token_quant_fp8.register("triton")
+def per_token_quant_fp8_triton(
+    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.shape[-1] > 65536:
+        raise ValueError(f"per_token_quant_fp8: row length {x.shape[-1]} above the kernel's 65536")
+    return _launch_quant(x, x.shape[-1], dtype)
+
+
+@per_group_quant_fp8.register("triton")
+def per_group_quant_fp8_triton(
+    x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.shape[-1] % group_size:
+        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
+    return _launch_quant(x, group_size, dtype)

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from kernel_testing import (
+    DEVICE,
+    assert_close,
+    backends,
+    cu_seqlens,
+    float_dtypes,
+    gather_paged,
+    impl,
+    paged_layout,
+    rand,
+    reference_attention,
+)
+
+
+VARLEN_CASES = [
+    # heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks
+    (4, 4, 64, [1, 17, 130], [1, 17, 130], True, None, False),
+    (8, 2, 128, [5, 30], [9, 200], True, None, True),
+    (6, 1, 80, [12, 3], [12, 3], False, None, False),
+    (4, 2, 64, [40, 7], [40, 60], True, 16, True),
+    (2, 2, 32, [65], [65], False, 20, False),
+]
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks", VARLEN_CASES)
+def test_varlen_attention(backend, dtype, heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks):
+    q = rand(sum(q_lens), heads, head_size, dtype=dtype)
+    k, v = rand(sum(k_lens), kv_heads, head_size, dtype=dtype), rand(sum(k_lens), kv_heads, head_size, dtype=dtype)
+    sink_logits = rand(heads) if sinks else None
+    cu_q, cu_k = cu_seqlens(q_lens), cu_seqlens(k_lens)
+    scale = head_size**-0.5
+    out = impl("varlen_attention", backend)(q, k, v, cu_q, cu_k, scale, causal, window, sink_logits)
+    expected = torch.cat([
+        reference_attention(q[qs:qe], k[ks:ke], v[ks:ke], scale, causal, window, sink_logits)
+        for qs, qe, ks, ke in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist())
+    ])  # fmt: skip
+    assert_close(out, expected, dtype, "accumulated")
+
+
+PAGED_CASES = [
+    # heads, kv_heads, head_size, block_size, q_lens, seq_lens, window, sinks, num_splits
+    (8, 2, 64, 16, [1, 1, 1], [100, 7, 300], None, False, None),
+    (8, 2, 64, 16, [1, 1, 1], [100, 7, 300], None, True, 1),
+    (4, 4, 128, 32, [1, 1], [33, 64], 20, True, 3),
+    (4, 1, 96, 5, [20, 1, 7], [100, 7, 300], None, False, None),
+    (16, 2, 64, 1, [3, 2], [40, 3], 9, False, None),
+    (2, 2, 256, 16, [1, 1], [50, 129], None, True, None),
+]
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_size, block_size, q_lens, seq_lens, window, sinks, num_splits", PAGED_CASES
+)
+def test_paged_attention(
+    backend, dtype, heads, kv_heads, head_size, block_size, q_lens, seq_lens, window, sinks, num_splits
+):
+    block_table, num_blocks = paged_layout(seq_lens, block_size)
+    key_cache = rand(num_blocks, block_size, kv_heads, head_size, dtype=dtype)
+    value_cache = rand(num_blocks, block_size, kv_heads, head_size, dtype=dtype)
+    q = rand(sum(q_lens), heads, head_size, dtype=dtype)
+    sink_logits = rand(heads) if sinks else None
+    cu_q = cu_seqlens(q_lens)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    out_buffer = torch.full_like(q, float("nan"))
+    scale = head_size**-0.5
+    out = impl("paged_attention", backend)(
+        q, key_cache, value_cache, cu_q, seq_lens_t, block_table, scale, window, sink_logits,
+        out=out_buffer, num_splits=num_splits,
+    )  # fmt: skip
+    assert out.data_ptr() == out_buffer.data_ptr()
+    expected = []
+    for i, (qs, qe) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+        k = gather_paged(key_cache, block_table[i], seq_lens[i])
+        v = gather_paged(value_cache, block_table[i], seq_lens[i])
+        expected.append(reference_attention(q[qs:qe], k, v, scale, True, window, sink_logits))
+    assert_close(out, torch.cat(expected), dtype, "accumulated")
+
+
+@backends
+def test_paged_attention_max_seq_len_hint(backend):
+    """The split-K hint changes the work split, not the result."""
+    seq_lens = [300, 5]
+    block_table, num_blocks = paged_layout(seq_lens, 16)
+    key_cache, value_cache = rand(num_blocks, 16, 2, 64), rand(num_blocks, 16, 2, 64)
+    q = rand(2, 4, 64)
+    args = (q, key_cache, value_cache, cu_seqlens([1, 1]), torch.tensor(seq_lens, device=DEVICE), block_table, 0.125)
+    fn = impl("paged_attention", backend)
+    assert_close(fn(*args, max_seq_len=300), fn(*args, num_splits=1), torch.float32, "accumulated")

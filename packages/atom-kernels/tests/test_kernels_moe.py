@@ -1,0 +1,198 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
+
+
+def distinct_logits(num_tokens: int, num_experts: int, dtype: torch.dtype) -> torch.Tensor:
+    """Router logits without ties (distinct multiples of 1/16, exact in bf16), so top-k is unique."""
+    rows = [torch.randperm(num_experts) for _ in range(num_tokens)]
+    logits = (torch.stack(rows).float() - num_experts / 2) / 16
+    return logits.to(device=DEVICE, dtype=dtype)
+
+
+def sort_by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, order = ids.long().sort(dim=1)
+    return weights.gather(1, order), ids
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 8, 2), (37, 128, 8), (5, 60, 4), (300, 64, 6)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_topk_softmax(backend, dtype, num_tokens, num_experts, top_k, renormalize):
+    logits = distinct_logits(num_tokens, num_experts, dtype)
+    weights, ids = impl("topk_softmax", backend)(logits, top_k, renormalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32
+    probs = torch.softmax(logits.double(), dim=-1)
+    want_weights, want_ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        want_weights = want_weights / want_weights.sum(-1, keepdim=True)
+    got_w, got_ids = sort_by_expert(weights, ids)
+    want_w, want_ids = sort_by_expert(want_weights, want_ids)
+    assert torch.equal(got_ids, want_ids)
+    assert_close(got_w, want_w, torch.float32)
+
+
+def hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, norm, scaling):
+    """HF transformers' DeepseekV3TopkRouter with an identity gate, so its logits are ours."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    num_experts = logits.shape[1]
+    config = transformers.DeepseekV3Config(
+        hidden_size=num_experts,
+        n_routed_experts=num_experts,
+        num_experts_per_tok=top_k,
+        n_group=n_group,
+        topk_group=topk_group,
+        norm_topk_prob=norm,
+        routed_scaling_factor=scaling,
+    )
+    router = DeepseekV3TopkRouter(config).to(DEVICE)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(num_experts))
+        router.e_score_correction_bias.copy_(bias)
+        _, weights, ids = router(logits.float())
+    return weights, ids
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize(
+    "num_tokens, num_experts, top_k, n_group, topk_group, renormalize, scaling",
+    [(7, 256, 8, 8, 4, True, 2.5), (33, 64, 6, 1, 1, True, 1.0), (4, 96, 8, 4, 2, False, 1.5)],
+    ids=["deepseek-v3", "one-group", "no-renorm"],
+)
+def test_grouped_topk_noaux_tc_matches_hf(
+    backend, dtype, num_tokens, num_experts, top_k, n_group, topk_group, renormalize, scaling
+):
+    logits = distinct_logits(num_tokens, num_experts, dtype)
+    bias = (torch.randperm(num_experts).float() / (4 * num_experts)).to(DEVICE)
+    weights, ids = impl("grouped_topk", backend)(
+        logits, top_k, n_group, topk_group, renormalize, "sigmoid", bias, scaling
+    )
+    want_weights, want_ids = hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, renormalize, scaling)
+    got_w, got_ids = sort_by_expert(weights, ids)
+    want_w, want_ids = sort_by_expert(want_weights, want_ids)
+    assert torch.equal(got_ids, want_ids)
+    assert_close(got_w, want_w, torch.float32)
+
+
+@backends
+def test_grouped_topk_without_bias_uses_group_max(backend):
+    """DeepSeek-V2 group-limited greedy: softmax scores, a group scores its best expert."""
+    logits = distinct_logits(9, 64, torch.float32)
+    weights, ids = impl("grouped_topk", backend)(logits, 6, 8, 3, False, "softmax", None, 1.0)
+    probs = torch.softmax(logits.double(), -1)
+    best_groups = probs.view(9, 8, 8).amax(-1).topk(3, dim=-1).indices
+    allowed = torch.zeros(9, 8, dtype=torch.bool, device=DEVICE).scatter_(1, best_groups, True)
+    masked = probs.masked_fill(~allowed.repeat_interleave(8, dim=1), 0.0)
+    want_w, want_ids = sort_by_expert(*masked.topk(6, dim=-1))
+    got_w, got_ids = sort_by_expert(weights, ids)
+    assert torch.equal(got_ids, want_ids)
+    assert_close(got_w, want_w, torch.float32)
+
+
+def reference_moe(x, w13, w2, weights, ids, activation="silu", w13_bias=None, w2_bias=None):
+    """Token by token in float64: sum_k w_k * (act(x @ w13[e].T) @ w2[e].T), [gate | up] halves."""
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    inter = w13.shape[1] // 2
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            h = w13[e].double() @ x[t].double()
+            if w13_bias is not None:
+                h = h + w13_bias[e].double()
+            gate, up = h[:inter], h[inter:]
+            act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+            y = w2[e].double() @ (act * up)
+            if w2_bias is not None:
+                y = y + w2_bias[e].double()
+            out[t] += weights[t, k].double() * y
+    return out
+
+
+def routing(num_tokens: int, num_experts: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.stack([torch.randperm(num_experts)[:top_k] for _ in range(num_tokens)])
+    weights = torch.rand(num_tokens, top_k).softmax(-1)
+    return weights.to(DEVICE), ids.to(device=DEVICE, dtype=torch.int32)
+
+
+MOE_SHAPES = [
+    # num_tokens, hidden, intermediate, num_experts, top_k
+    (1, 64, 32, 8, 2),
+    (23, 128, 96, 8, 3),
+    (70, 64, 48, 4, 2),  # more than 16 rows per expert: the larger tile config
+    (5, 96, 40, 16, 4),  # sizes that are not multiples of the tiles
+]
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("num_tokens, hidden, inter, num_experts, top_k", MOE_SHAPES)
+def test_fused_moe(backend, dtype, num_tokens, hidden, inter, num_experts, top_k):
+    x = rand(num_tokens, hidden, dtype=dtype)
+    w13 = rand(num_experts, 2 * inter, hidden, dtype=dtype, scale=hidden**-0.5)
+    w2 = rand(num_experts, hidden, inter, dtype=dtype, scale=inter**-0.5)
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    out = impl("fused_moe", backend)(x, w13, w2, weights, ids)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert_close(out, reference_moe(x, w13, w2, weights, ids), dtype, "accumulated")
+
+
+@backends
+def test_fused_moe_gelu_with_biases(backend):
+    x, w13, w2 = rand(6, 64), rand(4, 64, 64, scale=0.125), rand(4, 64, 32, scale=0.18)
+    b13, b2 = rand(4, 64), rand(4, 64)
+    weights, ids = routing(6, 4, 2)
+    out = impl("fused_moe", backend)(x, w13, w2, weights, ids, activation="gelu_tanh", w13_bias=b13, w2_bias=b2)
+    want = reference_moe(x, w13, w2, weights, ids, "gelu_tanh", b13, b2)
+    assert_close(out, want, torch.float32, "accumulated")
+
+
+@backends
+@float_dtypes
+def test_fused_moe_gpt_oss_matches_hf(backend, dtype):
+    """GPT-OSS experts: interleaved gate/up rows, biases, clamped SwiGLU, against HF's GptOssExperts."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    num_tokens, hidden, inter, num_experts, top_k = 11, 64, 48, 8, 4
+    config = transformers.GptOssConfig(hidden_size=hidden, intermediate_size=inter, num_local_experts=num_experts)
+    experts = GptOssExperts(config).to(DEVICE)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    x = rand(num_tokens, hidden, dtype=dtype)
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    with torch.no_grad():
+        expected = experts(x.double().float(), router_indices=ids.long(), routing_weights=weights)
+    # HF keeps gate_up_proj as [E, D, 2I] with gate/up interleaved along 2I; ours is [E, 2I, D].
+    w13 = experts.gate_up_proj.detach().transpose(1, 2).contiguous().to(dtype)
+    w2 = experts.down_proj.detach().transpose(1, 2).contiguous().to(dtype)
+    out = impl("fused_moe", backend)(
+        x, w13, w2, weights, ids, activation="clamped_swiglu", interleaved=True,
+        w13_bias=experts.gate_up_proj_bias.detach().to(dtype), w2_bias=experts.down_proj_bias.detach().to(dtype),
+        swiglu_alpha=experts.alpha, swiglu_limit=experts.limit,
+    )  # fmt: skip
+    if dtype == torch.float32:
+        assert_close(out, expected, dtype, "accumulated")
+    else:
+        # HF ran in fp32 on unrounded weights; ours saw bf16 weights: compare loosely.
+        torch.testing.assert_close(out.float(), expected, rtol=5e-2, atol=5e-2 * expected.abs().max().item())
+
+
+def test_moe_align_block_size():
+    from atom_kernels.moe import moe_align_block_size
+
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2], [2, 3]], device=DEVICE)
+    sorted_ids, block_expert = moe_align_block_size(ids, num_experts=5, block_m=4)
+    pad = ids.numel()
+    blocks = sorted_ids.view(-1, 4).tolist()
+    # expert 0: entries 1, 4; expert 1: 3; expert 2: 0, 2, 5, 6; expert 3: 7; expert 4: none.
+    assert blocks[:4] == [[1, 4, pad, pad], [3, pad, pad, pad], [0, 2, 5, 6], [7, pad, pad, pad]]
+    assert block_expert.tolist()[:4] == [0, 1, 2, 3]
+    assert all(e == -1 for e in block_expert.tolist()[4:])
+    assert all(row == [pad] * 4 for row in blocks[4:])

@@ -1,0 +1,121 @@
+import pytest
+import torch
+
+from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def reference_quant(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """scale = amax / 448 (fp32); q = x / scale in fp32, clamped, rounded to nearest even in fp8."""
+    scale = (amax.double().clamp(min=1e-10) / FP8_MAX).float()
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def assert_same_fp8(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == FP8
+    assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8))
+
+
+def quant_input(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    x = rand(rows, cols, dtype=dtype, scale=3.0)
+    x[0] = 0  # an all-zero row still gets a finite scale
+    x[-1, :8] *= 100  # outliers
+    return x
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("rows, cols", [(1, 128), (37, 384), (5, 7168)])
+def test_per_token_quant_fp8(backend, dtype, rows, cols):
+    x = quant_input(rows, cols, dtype)
+    q, scale = impl("per_token_quant_fp8", backend)(x)
+    want_q, want_scale = reference_quant(x, x.float().abs().amax(-1, keepdim=True))
+    assert scale.shape == (rows, 1) and scale.dtype == torch.float32
+    torch.testing.assert_close(scale, want_scale, rtol=0, atol=0)
+    assert_same_fp8(q, want_q)
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("rows, cols, group", [(1, 128, 128), (37, 384, 128), (9, 256, 64)])
+def test_per_group_quant_fp8(backend, dtype, rows, cols, group):
+    x = quant_input(rows, cols, dtype)
+    q, scale = impl("per_group_quant_fp8", backend)(x, group)
+    groups = x.float().view(rows, cols // group, group)
+    want_q, want_scale = reference_quant(groups, groups.abs().amax(-1, keepdim=True))
+    assert scale.shape == (rows, cols // group)
+    torch.testing.assert_close(scale, want_scale.squeeze(-1), rtol=0, atol=0)
+    assert_same_fp8(q, want_q.view(rows, cols))
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_per_tensor_quant_fp8(backend, dtype, static):
+    x = quant_input(33, 200, dtype)
+    given = torch.tensor([0.05], device=DEVICE) if static else None
+    q, scale = impl("per_tensor_quant_fp8", backend)(x, given)
+    if static:
+        want_scale = given
+        want_q = (x.float() / given).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    else:
+        want_q, want_scale = reference_quant(x, x.float().abs().amax().reshape(1))
+    assert scale.shape == (1,)
+    torch.testing.assert_close(scale, want_scale, rtol=0, atol=0)
+    assert_same_fp8(q, want_q)
+
+
+def quantized(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random fp8 values with per-row scales (the GEMM inputs need not come from our quantiser)."""
+    return rand(rows, cols, scale=40.0).to(FP8), (torch.rand(rows, 1) + 0.5).to(DEVICE) / 100
+
+
+def reference_mm(a, a_scale, b, b_scale, bias=None):
+    out = (a.double() * a_scale.double()) @ (b.double() * b_scale.double()).T
+    return out if bias is None else out + bias.double()
+
+
+@backends
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 128), (37, 200, 384), (130, 256, 512)])
+@pytest.mark.parametrize("a_kind", ["tensor", "token"])
+@pytest.mark.parametrize("b_kind", ["tensor", "channel"])
+def test_fp8_scaled_mm(backend, out_dtype, m, n, k, a_kind, b_kind):
+    a, a_scale = quantized(m, k)
+    b, b_scale = quantized(n, k)
+    a_scale = a_scale[:1].reshape(1) if a_kind == "tensor" else a_scale
+    b_scale = b_scale[:1].reshape(1) if b_kind == "tensor" else b_scale.reshape(n)
+    bias = rand(n) if n == 200 else None
+    out = impl("fp8_scaled_mm", backend)(a, b, a_scale, b_scale, out_dtype, bias)
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    expected = reference_mm(a, a_scale.reshape(-1, 1), b, b_scale.reshape(-1, 1), bias)
+    assert_close(out, expected, out_dtype, "accumulated")
+
+
+@backends
+@pytest.mark.parametrize("m, n, k", [(1, 128, 128), (20, 256, 384), (70, 320, 256)])
+def test_fp8_block_scaled_mm(backend, m, n, k):
+    a, _ = quantized(m, k)
+    b, _ = quantized(n, k)
+    a_scale = (torch.rand(m, -(-k // 128)) + 0.5).to(DEVICE) / 100
+    b_scale = (torch.rand(-(-n // 128), -(-k // 128)) + 0.5).to(DEVICE) / 100
+    out = impl("fp8_block_scaled_mm", backend)(a, b, a_scale, b_scale, torch.bfloat16)
+    a_full = a_scale.repeat_interleave(128, dim=1)[:, :k]
+    b_full = b_scale.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:n, :k]
+    expected = (a.double() * a_full.double()) @ (b.double() * b_full.double()).T
+    assert_close(out, expected, torch.bfloat16, "accumulated")
+
+
+@backends
+def test_quantise_then_gemm_approximates_bf16_matmul(backend):
+    """End to end: per-group activations x 128x128-block weights ~ the unquantised product."""
+    x, w = rand(16, 512, dtype=torch.bfloat16), rand(256, 512, dtype=torch.bfloat16)
+    x_q, x_scale = impl("per_group_quant_fp8", backend)(x)
+    blocks = w.float().view(2, 128, 4, 128)
+    w_scale = blocks.abs().amax(dim=(1, 3)) / FP8_MAX
+    w_q = (blocks / w_scale[:, None, :, None]).view(256, 512).to(FP8)
+    out = impl("fp8_block_scaled_mm", backend)(x_q, w_q, x_scale, w_scale, torch.bfloat16)
+    exact = x.double() @ w.double().T
+    assert (out.double() - exact).norm() / exact.norm() < 0.05

@@ -1,0 +1,184 @@
+"""``atom``: an SGLang attention backend that runs atom_kernels over SGLang's KV pool.
+
+SGLang keeps scheduling, the radix cache and the KV pool (``MHATokenToKVPool``: one K and one V row
+per token slot, ``[slots, kv_heads, head_size]`` per layer, pages of ``page_size`` slots); a request's
+slots are its row of ``req_to_token``. ATOM's paged kernels read ``[blocks, block_size, kv_heads,
+head_size]`` caches through a block table, so the pool is viewed as blocks of ``page_size`` and the
+block table is every ``page_size``-th slot of the request's row divided by ``page_size``.
+
+Per forward (``init_forward_metadata``) the backend builds one :class:`ATOMAttentionMetadata` shared
+by all layers; per layer it writes the new K/V into the pool and runs:
+
+- extend without cached prefix (plain prefill): ``varlen_attention`` over the fresh K/V;
+- extend over a cached prefix (radix-cache hit, chunked prefill, mixed batches) and decode:
+  ``paged_attention``, the new tokens being the last of each sequence.
+
+Decode batches can be captured in CUDA graphs: the metadata then lives in static buffers that
+``init_forward_metadata_out_graph`` refills before capture and before every replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+import atom_kernels
+from atom_core.log import logger
+from atom_sglang.attention.window import to_atom_window
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+@dataclass
+class ATOMAttentionMetadata:
+    query_start_loc: torch.Tensor  # [batch + 1] int32: where each sequence's new tokens start
+    seq_lens: torch.Tensor  # [batch] int32: cached + new tokens of each sequence
+    block_table: torch.Tensor  # [batch, blocks] int32: KV-pool pages of each sequence
+    fresh_prefill: bool  # no sequence has cached tokens: attend over the new K/V directly
+
+
+class ATOMAttentionBackend(AttentionBackend):
+    def __init__(self, model_runner: ModelRunner):
+        super().__init__()
+        pool = model_runner.token_to_kv_pool
+        if type(pool) is not MHATokenToKVPool or pool.is_quantized_kv_cache or pool.use_hnd:
+            raise NotImplementedError(
+                f"the atom attention backend needs SGLang's plain MHA KV pool in NHD layout with the "
+                f"model's dtype; this model runs with {type(pool).__name__} "
+                f"(kv_cache_dtype={model_runner.server_args.kv_cache_dtype}). "
+                "Choose another --attention-backend."
+            )
+        self.device = model_runner.device
+        self.page_size = model_runner.page_size
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = pool
+        self.forward_metadata: ATOMAttentionMetadata | None = None
+        self.graph_buffers: ATOMAttentionMetadata | None = None
+        logger.info("Use atom attention backend for SGLang (page size %d)", self.page_size)
+
+    # --- metadata ---------------------------------------------------------------------------------
+
+    def block_table(self, req_pool_indices: torch.Tensor, max_tokens: int) -> torch.Tensor:
+        slots = self.req_to_token_pool.req_to_token[req_pool_indices, :max_tokens : self.page_size]
+        return (slots // self.page_size).to(torch.int32)
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        mode = forward_batch.forward_mode
+        batch = forward_batch.batch_size
+        if mode.is_decode_or_idle():
+            query_start_loc = torch.arange(batch + 1, dtype=torch.int32, device=self.device)
+            fresh_prefill = False
+        elif mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
+            query_start_loc = torch.zeros(batch + 1, dtype=torch.int32, device=self.device)
+            torch.cumsum(forward_batch.extend_seq_lens, 0, out=query_start_loc[1:])
+            fresh_prefill = not any(forward_batch.extend_prefix_lens_cpu)
+        else:
+            raise NotImplementedError(f"the atom attention backend does not run {mode.name} batches")
+        max_tokens = int(forward_batch.seq_lens_cpu.max()) if batch else 0
+        self.forward_metadata = ATOMAttentionMetadata(
+            query_start_loc=query_start_loc,
+            seq_lens=forward_batch.seq_lens.to(torch.int32),
+            block_table=self.block_table(forward_batch.req_pool_indices, max_tokens),
+            fresh_prefill=fresh_prefill,
+        )
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        max_context = self.req_to_token_pool.req_to_token.shape[1]
+        self.graph_buffers = ATOMAttentionMetadata(
+            query_start_loc=torch.arange(max_bs + 1, dtype=torch.int32, device=self.device),
+            seq_lens=torch.ones(max_bs, dtype=torch.int32, device=self.device),
+            block_table=torch.zeros(
+                max_bs, -(-max_context // self.page_size), dtype=torch.int32, device=self.device
+            ),
+            fresh_prefill=False,
+        )
+
+    def init_forward_metadata_out_graph(self, forward_batch: ForwardBatch, in_capture: bool = False) -> None:
+        """Capture and replay: refill the static buffers the captured kernels read."""
+        if not forward_batch.forward_mode.is_decode_or_idle() or forward_batch.spec_info is not None:
+            raise NotImplementedError("the atom attention backend captures plain decode batches only")
+        batch = forward_batch.batch_size
+        buffers = self.graph_buffers
+        buffers.seq_lens[:batch].copy_(forward_batch.seq_lens[:batch])
+        buffers.block_table[:batch].copy_(
+            self.block_table(forward_batch.req_pool_indices[:batch], self.req_to_token_pool.req_to_token.shape[1])
+        )
+        self.forward_metadata = ATOMAttentionMetadata(
+            query_start_loc=buffers.query_start_loc[: batch + 1],
+            seq_lens=buffers.seq_lens[:batch],
+            block_table=buffers.block_table[:batch],
+            fresh_prefill=False,
+        )
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    # --- attention --------------------------------------------------------------------------------
+
+    def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
+                       save_kv_cache: bool = True, sinks: torch.Tensor | None = None, **kwargs):
+        return self.attend(q, k, v, layer, forward_batch, save_kv_cache, sinks, kwargs)
+
+    def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
+                       save_kv_cache: bool = True, sinks: torch.Tensor | None = None, **kwargs):
+        return self.attend(q, k, v, layer, forward_batch, save_kv_cache, sinks, kwargs)
+
+    def attend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache: bool,
+               sinks: torch.Tensor | None, unsupported: dict) -> torch.Tensor:
+        check_layer_supported(layer, unsupported)
+        if save_kv_cache and k is not None:
+            self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        num_heads, num_kv_heads, head_size = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
+        metadata = self.forward_metadata
+        window = to_atom_window(layer.sliding_window_size)
+        q = q.reshape(-1, num_heads, head_size)
+        if metadata.fresh_prefill and k is not None:
+            out = atom_kernels.varlen_attention(
+                q,
+                k.reshape(-1, num_kv_heads, head_size),
+                v.reshape(-1, num_kv_heads, head_size),
+                metadata.query_start_loc,
+                metadata.query_start_loc,
+                layer.scaling,
+                True,
+                window,
+                sinks,
+            )
+        else:
+            k_cache, v_cache = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+            out = atom_kernels.paged_attention(
+                q,
+                k_cache.view(-1, self.page_size, num_kv_heads, head_size),
+                v_cache.view(-1, self.page_size, num_kv_heads, head_size),
+                metadata.query_start_loc,
+                metadata.seq_lens,
+                metadata.block_table,
+                layer.scaling,
+                window,
+                sinks,
+            )
+        return out.reshape(-1, num_heads * head_size)
+
+
+def check_layer_supported(layer: RadixAttention, unsupported: dict) -> None:
+    if (
+        unsupported
+        or layer.is_cross_attention
+        or layer.attn_type != AttentionType.DECODER
+        or layer.logit_cap > 0
+        or layer.qk_head_dim != layer.v_head_dim
+    ):
+        raise NotImplementedError(
+            f"the atom attention backend runs causal decoder self-attention with equal K/V head "
+            f"sizes and no logit cap; layer {layer.layer_id} asks for more "
+            f"(extra arguments: {sorted(unsupported)}). Choose another --attention-backend."
+        )
+

@@ -1,0 +1,53 @@
+"""Runs the real SGLang engine (CPU) on models in a fresh process and prints one JSON line per run.
+
+Separate from pytest because SGLang loads plugins and reads the ATOM_* switches once per process, and
+its engines spawn scheduler processes. The runs of one spec share the process (one engine after
+another) to pay SGLang's import once. ``python sglang_runner.py '<json spec>'`` with spec
+``{"runs": [{"model", "phases", "max_tokens", "engine_kwargs"}]}``: each phase is one ``generate``
+call over a list of token-id prompts, so later phases can hit the radix cache filled by earlier ones.
+After each run, the result line goes to stdout and the bare marker to stderr, which ends that run's
+log (the engine's processes share this process's stderr).
+The caller puts ``tests/support`` (the sgl_kernel stand-in) first on PYTHONPATH.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+RESULT_MARKER = "SGLANG_RUNNER_RESULT "
+ENGINE_KWARGS = dict(
+    device="cpu",
+    dtype="float32",
+    mem_fraction_static=0.2,
+    max_total_tokens=4096,
+    disable_cuda_graph=True,
+    random_seed=0,
+    log_level="warning",
+)
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    import sglang
+
+    for run in spec["runs"]:
+        engine = sglang.Engine(model_path=run["model"], **{**ENGINE_KWARGS, **run.get("engine_kwargs", {})})
+        try:
+            params = {"temperature": 0, "max_new_tokens": run["max_tokens"], "ignore_eos": True}
+            phases = [
+                [{"tokens": o["output_ids"], "cached_tokens": o["meta_info"]["cached_tokens"]}
+                 for o in engine.generate(input_ids=prompts, sampling_params=params)]
+                for prompts in run["phases"]
+            ]
+            result = {"model": run["model"], "phases": phases,
+                      "attention_backend": engine.server_args.attention_backend}
+        finally:
+            engine.shutdown()
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        print(RESULT_MARKER, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Greedy parity through the real SGLang engine (CPU): SGLang+ATOM == SGLang alone == HF transformers.
+
+Tiny random fp32 models; 32 new tokens per prompt. Phase 1 fills the radix cache; phase 2 batches
+prompts that share 40 and 24 tokens with a phase-1 prompt (radix-cache hits, so ATOM's attention
+reads cached K/V from SGLang's pool) with unrelated ones. 16-token chunked prefill with mixed chunks:
+the 49-token prompt is prefilled in chunks while other requests decode in the same batch.
+
+Two SGLang processes serve every model: one with ATOM active and no attention flag (ATOM's model
+classes and ATOM's attention backend by default; then once more with SGLang's torch_native backend
+under ATOM's model), one with ATOM_DISABLE_SGLANG_PLUGIN=1. Their logs show which classes served.
+"""
+
+import random
+
+import pytest
+
+from conftest import parity_architectures
+from sglang_testing import hf_greedy, run_sglang
+
+pytestmark = pytest.mark.sglang
+
+ARCHITECTURES = parity_architectures()
+MAX_TOKENS = 32
+ENGINE_KWARGS = {"chunked_prefill_size": 16, "enable_mixed_chunk": True}
+
+
+def make_phases() -> list[list[list[int]]]:
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(4, 499) for _ in range(n)]  # noqa: E731
+    shared = tokens(40)
+    phase1 = [shared + tokens(9), tokens(5)]
+    phase2 = [shared + tokens(3), shared[:24] + tokens(14), tokens(23), tokens(1)]
+    return [phase1, phase2]
+
+
+def run_spec(model: str, **engine_kwargs) -> dict:
+    return {"model": model, "phases": make_phases(), "max_tokens": MAX_TOKENS,
+            "engine_kwargs": {**ENGINE_KWARGS, **engine_kwargs}}
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_models) -> dict[str, list[list[int]]]:
+    prompts = [p for phase in make_phases() for p in phase]
+    return {arch: hf_greedy(model, prompts, MAX_TOKENS) for arch, model in tiny_models.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models) -> dict[str, dict[str, dict]]:
+    """``atom``: ATOM active, each architecture with SGLang's defaults, then Qwen3 on SGLang's
+    torch_native attention. ``native``: ATOM_DISABLE_SGLANG_PLUGIN=1."""
+    atom_runs = [run_spec(tiny_models[arch]) for arch in ARCHITECTURES]
+    atom_runs.append(run_spec(tiny_models["Qwen3ForCausalLM"], attention_backend="torch_native"))
+    native_runs = [run_spec(tiny_models[arch]) for arch in ARCHITECTURES]
+    atom, native = run_sglang((atom_runs, {}), (native_runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
+    return {
+        "atom": {**dict(zip(ARCHITECTURES, atom)), "Qwen3ForCausalLM+torch_native": atom[-1]},
+        "native": dict(zip(ARCHITECTURES, native)),
+    }
+
+
+def tokens_of(result: dict) -> list[list[int]]:
+    return [o["tokens"] for phase in result["phases"] for o in phase]
+
+
+def assert_atom_model_served(result: dict, architecture: str) -> None:
+    assert f" for {architecture} in SGLang" in result["log"]
+    assert "INFO atom: Use ATOM model atom_core.models." in result["log"]
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_atom_matches_hf_with_radix_cache(runs, expected, architecture):
+    result = runs["atom"][architecture]
+    assert_atom_model_served(result, architecture)
+    assert result["attention_backend"] == "atom"
+    assert "INFO atom: Use atom attention backend for SGLang" in result["log"]
+    assert tokens_of(result) == expected[architecture]
+    # Phase 2's first two prompts share 40 and 24 tokens with phase 1: served from the radix cache.
+    cached = [o["cached_tokens"] for o in result["phases"][1]]
+    assert cached[0] >= 40 and cached[1] >= 24, cached
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_native_sglang_matches_hf(runs, expected, architecture):
+    result = runs["native"][architecture]
+    assert "INFO atom:" not in result["log"]
+    assert result["attention_backend"] == "torch_native"
+    assert tokens_of(result) == expected[architecture]
+    cached = [o["cached_tokens"] for o in result["phases"][1]]
+    assert cached[0] >= 40 and cached[1] >= 24, cached
+
+
+def test_atom_model_on_sglang_attention(runs, expected):
+    result = runs["atom"]["Qwen3ForCausalLM+torch_native"]
+    assert_atom_model_served(result, "Qwen3ForCausalLM")
+    assert result["attention_backend"] == "torch_native"
+    assert "Use atom attention backend" not in result["log"]
+    assert tokens_of(result) == expected["Qwen3ForCausalLM"]

@@ -1,0 +1,244 @@
+"""ATOM's multi-head latent attention (MLA) for vLLM: layer, backend class, metadata builder, impl.
+
+vLLM's own MLA layer (``MLAAttention``) does the weight absorption itself, from vLLM linear layers,
+and calls into vLLM's MLA prefill backends; ATOM keeps that math in atom-core
+(:mod:`atom_core.layers.mla`). So ATOM brings its own layer, :class:`ATOMMLAAttention`, an
+``AttentionLayerBase`` as vLLM's layers are: it declares the latent cache (``MLAAttentionSpec``:
+one KV head of ``kv_lora_rank + qk_rope_head_dim``), registers itself in vLLM's forward context under
+the layer's name (vLLM binds ``kv_cache`` to it and builds metadata with this backend's builder), and
+runs :class:`ATOMMLAImpl`. No vLLM code is patched; the internals this relies on are listed in
+``atom_vllm/patches.md``.
+
+Cache: ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``, entries ``[kv_c | rope(k_pe)]``.
+vLLM orders each batch [decodes | prefills] (reorder threshold 1). Per layer and step:
+
+- decodes (one new token): q_nope is absorbed through W_UK, one fused op rotates q_pe and k_pe and
+  writes the cache, :func:`atom_kernels.mla_decode` attends over the latent cache, W_UV lifts the
+  result. This path runs inside full CUDA graphs (``UNIFORM_SINGLE_TOKEN_DECODE``): it reads only
+  vLLM's persistent metadata tensors and never syncs with the host.
+- prefills (fresh prompts, chunked-prefill chunks, prefix-cache hits alike): the same fused op with
+  the raw q_nope, then each sequence's whole latent context is gathered from the cache (its new
+  tokens included) and expanded to per-head K/V for ordinary causal attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.model_executor.layers.attention.attention import get_attention_context
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImplBase,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+)
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+from vllm.v1.attention.selector import get_attn_backend
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+from atom_core.layers.mla import (
+    LatentAttentionSpec,
+    absorb_q,
+    mla_decode,
+    mla_prefill,
+    rope_and_cache,
+)
+
+
+class ATOMMLABackend(AttentionBackend):
+    accept_output_buffer: bool = True
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        # Out-of-tree backends are named CUSTOM in vLLM's enum (as ATOM's MHA backend). Only vLLM's
+        # Attention layer maps the name back to a class, and ATOM's MLA layer is not one.
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls() -> type[ATOMMLAImpl]:
+        return ATOMMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[ATOMMLAMetadataBuilder]:
+        return ATOMMLAMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        return (num_blocks, block_size, head_size)
+
+    @classmethod
+    def is_mla(cls) -> bool:
+        return True
+
+    @staticmethod
+    def use_cascade_attention(*args, **kwargs) -> bool:
+        return False
+
+
+@dataclass
+class ATOMMLAMetadata:
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    max_seq_len: int
+    # Decodes: the leading requests, one token each.
+    num_decodes: int
+    num_decode_tokens: int
+    decode_query_start_loc: torch.Tensor
+    decode_seq_lens: torch.Tensor
+    # Prefills: the remaining requests. Their queries, numbered from the first prefill token, and
+    # their whole contexts as (request row of the block table, position) pairs, request by request.
+    num_prefills: int
+    prefill_query_start_loc: torch.Tensor | None = None
+    prefill_context_start_loc: torch.Tensor | None = None
+    context_requests: torch.Tensor | None = None
+    context_positions: torch.Tensor | None = None
+
+
+class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    reorder_batch_threshold: int | None = 1
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> ATOMMLAMetadata:
+        if common_prefix_len > 0:
+            raise NotImplementedError("ATOM MLA does not implement cascade attention")
+        m = common_attn_metadata
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(m, decode_threshold=1)
+        metadata = ATOMMLAMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            slot_mapping=m.slot_mapping,
+            block_table=m.block_table_tensor,
+            max_seq_len=m.max_seq_len,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            decode_query_start_loc=m.query_start_loc[: num_decodes + 1],
+            decode_seq_lens=m.seq_lens[:num_decodes],
+            num_prefills=num_prefills,
+        )
+        if num_prefills:
+            self._add_prefill_contexts(metadata, m, num_decodes, num_decode_tokens)
+        return metadata
+
+    def _add_prefill_contexts(self, metadata: ATOMMLAMetadata, m: CommonAttentionMetadata,
+                              num_decodes: int, num_decode_tokens: int) -> None:
+        seq_lens_cpu = m.seq_lens_cpu_upper_bound  # exact for prefill rows
+        if seq_lens_cpu is None:
+            seq_lens_cpu = m.seq_lens.cpu()
+        num_context_tokens = int(seq_lens_cpu[num_decodes : m.num_reqs].sum())
+        seq_lens = m.seq_lens[num_decodes : m.num_reqs]
+        context_start = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=seq_lens.device)
+        context_start[1:] = seq_lens.cumsum(0)
+        requests = torch.arange(num_decodes, m.num_reqs, device=seq_lens.device)
+        metadata.prefill_query_start_loc = m.query_start_loc[num_decodes : m.num_reqs + 1] - num_decode_tokens
+        metadata.prefill_context_start_loc = context_start
+        metadata.context_requests = requests.repeat_interleave(seq_lens, output_size=num_context_tokens)
+        metadata.context_positions = torch.arange(num_context_tokens, device=seq_lens.device) - (
+            context_start[:-1].repeat_interleave(seq_lens, output_size=num_context_tokens)
+        )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> ATOMMLAMetadata:
+        """Full CUDA graphs cover uniform single-token decode batches only (the decode path)."""
+        if common_attn_metadata.max_query_len > 1:
+            raise ValueError("ATOM MLA captures CUDA graphs of single-token decode batches only")
+        return self.build(0, common_attn_metadata)
+
+
+class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
+    def __init__(self, spec: LatentAttentionSpec):
+        self.spec = spec
+        self.num_heads = spec.num_heads
+        self.head_size = spec.latent_dim
+        self.scale = spec.scale
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: ATOMMLAMetadata | None, output: torch.Tensor) -> torch.Tensor:
+        if metadata is None:
+            # Profiling and dummy runs have no batch. Zeros keep data-parallel ranks that run dummy
+            # batches for their peers in step (vLLM's MLA does the same).
+            return output.zero_()
+        s, m = self.spec, metadata
+        n, nope = m.num_actual_tokens, s.qk_nope_head_dim
+        d = m.num_decode_tokens
+        slots = m.slot_mapping
+        if m.num_decodes:
+            q_latent = rope_and_cache(
+                s, positions[:d], absorb_q(s, q[:d, :, :nope]), q[:d, :, nope:], kv_c[:d], k_pe[:d],
+                kv_cache, slots[:d],
+            )  # fmt: skip
+            output[:d] = mla_decode(
+                s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
+                m.block_table[: m.num_decodes], m.max_seq_len,
+            )  # fmt: skip
+        if m.num_prefills:
+            q_full = rope_and_cache(
+                s, positions[d:n], q[d:n, :, :nope], q[d:n, :, nope:], kv_c[d:n], k_pe[d:n], kv_cache,
+                slots[d:n],
+            )  # fmt: skip
+            block_size = kv_cache.shape[1]
+            blocks = m.block_table[m.context_requests, m.context_positions // block_size]
+            latent = kv_cache[blocks, m.context_positions % block_size]
+            output[d:n] = mla_prefill(s, q_full, latent, m.prefill_query_start_loc, m.prefill_context_start_loc)
+        return output
+
+
+class ATOMMLAAttention(nn.Module, AttentionLayerBase):
+    """vLLM's side of one ATOM MLA layer (see the module docstring); the model calls it as the
+    :class:`atom_core.layers.mla.LatentAttention` implementation."""
+
+    def __init__(self, spec: LatentAttentionSpec):
+        super().__init__()
+        vllm_config = get_current_vllm_config()
+        self.spec = spec
+        self.layer_name = spec.prefix
+        self.kv_cache_dtype = vllm_config.cache_config.cache_dtype
+        # Through vLLM's selector, so that ATOMPlatform decides (and logs) as for any MLA layer.
+        self.attn_backend = get_attn_backend(
+            spec.latent_dim, torch.get_default_dtype(), self.kv_cache_dtype, use_mla=True,
+            num_heads=spec.num_heads,
+        )  # fmt: skip
+        if self.attn_backend is not ATOMMLABackend:
+            raise NotImplementedError(
+                f"ATOM's MLA models run on ATOM's MLA backend only, but vLLM chose "
+                f"{self.attn_backend.get_name()} (ATOM_DISABLE_VLLM_PLUGIN_ATTENTION is set, or the "
+                f"layer needs a feature ATOM's MLA lacks, e.g. kv_cache_dtype={self.kv_cache_dtype!r}). "
+                "Set ATOM_DISABLE_VLLM_PLUGIN=1 to serve the model with vLLM's own implementation."
+            )
+        self.impl = ATOMMLAImpl(spec)
+        self.kv_cache = torch.tensor([])
+        forward_context = vllm_config.compilation_config.static_forward_context
+        if self.layer_name in forward_context:
+            raise ValueError(f"Duplicate layer name: {self.layer_name}")
+        forward_context[self.layer_name] = self
+
+    def get_attn_backend(self) -> type[AttentionBackend]:
+        return self.attn_backend
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> MLAAttentionSpec:
+        return MLAAttentionSpec(
+            block_size=vllm_config.cache_config.block_size,
+            num_kv_heads=1,
+            head_size=self.spec.latent_dim,
+            dtype=kv_cache_dtype_str_to_dtype(self.kv_cache_dtype, vllm_config.model_config),
+            cache_dtype_str=self.kv_cache_dtype,
+        )
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
+                k_pe: torch.Tensor) -> torch.Tensor:
+        metadata, _, kv_cache, _ = get_attention_context(self.layer_name)
+        output = q.new_empty(q.shape[0], self.spec.num_heads * self.spec.v_head_dim)
+        return self.impl.forward(positions, q, kv_c, k_pe, kv_cache, metadata, output)
