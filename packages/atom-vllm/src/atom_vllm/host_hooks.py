@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from atom_core.compile import set_piece_wrapper
 from atom_core.distributed import TPGroup, set_tp_group
 from atom_core.layers.attention import AttentionSpec, set_attention_factory
 from atom_core.layers.mla import LatentAttentionSpec, set_latent_attention_factory
@@ -44,7 +45,33 @@ def _all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
     return tensor_model_parallel_all_gather(x, dim)
 
 
-def install_vllm_hooks() -> None:
+def vllm_piecewise_cudagraph_wrapper(vllm_config):
+    """Wrap each of ATOM's compiled pieces in vLLM's static-graph wrapper (PIECEWISE), as vLLM does
+    for its own compiled models: vLLM then captures and replays the pieces per batch size, and
+    attention runs eagerly between them. None where vLLM runs no piecewise CUDA graphs."""
+    from vllm.config import CUDAGraphMode
+    from vllm.platforms import current_platform
+
+    mode = vllm_config.compilation_config.cudagraph_mode
+    if mode is None or not mode.has_piecewise_cudagraphs() or not current_platform.is_cuda_alike():
+        return None
+    from vllm.compilation.cuda_graph import CUDAGraphOptions
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    wrapper_cls = resolve_obj_by_qualname(current_platform.get_static_graph_wrapper_cls())
+
+    def wrap(piece, index: int, count: int):
+        options = CUDAGraphOptions(
+            debug_log_enable=index == 0,
+            gc_disable=index != 0,
+            weak_ref_output=index == count - 1,
+        )
+        return wrapper_cls(piece, vllm_config, CUDAGraphMode.PIECEWISE, options)
+
+    return wrap
+
+
+def install_vllm_hooks(vllm_config) -> None:
     from vllm.distributed import (
         get_tensor_model_parallel_rank,
         get_tensor_model_parallel_world_size,
@@ -60,4 +87,5 @@ def install_vllm_hooks() -> None:
         )
     )
     set_attention_factory(vllm_attention)
+    set_piece_wrapper(vllm_piecewise_cudagraph_wrapper(vllm_config))
     set_latent_attention_factory(vllm_latent_attention)

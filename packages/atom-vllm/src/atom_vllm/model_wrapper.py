@@ -28,7 +28,7 @@ class ATOMModelBase(nn.Module):
             vllm_config, use_atom_attention=not envs.attention_disabled()
         )
         set_current_atom_config(self.atom_config)
-        install_vllm_hooks()
+        install_vllm_hooks(vllm_config)
         architecture = vllm_config.model_config.architectures[0]
         model_cls = get_model_class(architecture)
         logger.info("Use ATOM model %s.%s for %s", model_cls.__module__, model_cls.__name__, architecture)

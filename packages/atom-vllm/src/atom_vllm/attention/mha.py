@@ -98,15 +98,17 @@ class ATOMAttentionMetadata:
 def split_batch(query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor) -> tuple[int, int, int]:
     """(num_decodes, num_extends, num_prefills) of a batch ordered [decodes | extends | prefills].
 
-    Decodes are the leading requests with one new token. Of the rest, the trailing run without
-    cached context (seq_len == query_len) are prefills, everything before is extend. A request the
-    reorder placed elsewhere is still served correctly as extend: the paged path covers any query.
+    Decodes are the leading requests with one new token (a one-token prompt included: its K/V is in
+    the cache before attention runs, so the paged path serves it, and a captured decode graph sees
+    the same split). Of the rest, the trailing run without cached context (seq_len == query_len)
+    are prefills, everything before is extend. A request the reorder placed elsewhere is still
+    served correctly as extend: the paged path covers any query.
     """
     query_lens = (query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]).tolist()
     seq_lens = seq_lens_cpu.tolist()
     num_reqs = len(query_lens)
     num_decodes = 0
-    while num_decodes < num_reqs and query_lens[num_decodes] == 1 and seq_lens[num_decodes] > 1:
+    while num_decodes < num_reqs and query_lens[num_decodes] == 1:
         num_decodes += 1
     first_prefill = num_reqs
     while first_prefill > num_decodes and seq_lens[first_prefill - 1] == query_lens[first_prefill - 1]:
@@ -115,8 +117,18 @@ def split_batch(query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor) -
 
 
 class ATOMAttentionMetadataBuilder(AttentionMetadataBuilder[ATOMAttentionMetadata]):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
     reorder_batch_threshold: int | None = 1
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        """Uniform decode batches can be captured whole when the decode kernel reads lengths and
+        block tables on the device only (the Triton/AITER kernels; not the torch reference)."""
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        backends = {atom_kernels.OPS[name].select(device_type)
+                    for name in ("paged_attention", "reshape_and_cache")}
+        if device_type == "cuda" and "torch" not in backends:
+            return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        return AttentionCGSupport.NEVER
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -186,16 +198,18 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         paged_reqs = m.num_decodes + m.num_extends
         paged_tokens = m.num_decode_tokens + m.num_extend_tokens
         if paged_reqs:
-            output[:paged_tokens] = atom_kernels.paged_attention(
+            atom_kernels.paged_attention(
                 query[:paged_tokens], key_cache, value_cache,
                 m.query_start_loc[: paged_reqs + 1], m.seq_lens[:paged_reqs],
                 m.block_table[:paged_reqs], self.scale, self.sliding_window, self.sinks,
+                out=output[:paged_tokens],
             )
         if m.num_prefills:
             end = paged_tokens + m.num_prefill_tokens
             cu_seqlens = m.query_start_loc[paged_reqs : m.num_reqs + 1] - paged_tokens
-            output[paged_tokens:end] = atom_kernels.varlen_attention(
+            atom_kernels.varlen_attention(
                 query[paged_tokens:end], key[paged_tokens:end], value[paged_tokens:end],
                 cu_seqlens, cu_seqlens, self.scale, True, self.sliding_window, self.sinks,
+                out=output[paged_tokens:end],
             )
         return output
