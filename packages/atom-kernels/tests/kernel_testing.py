@@ -40,14 +40,20 @@ def rand(*shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) ->
 
 
 def cu_seqlens(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    return torch.tensor(
+        [0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE
+    )
 
 
-def paged_layout(lengths: list[int], block_size: int, spare_blocks: int = 3) -> tuple[torch.Tensor, int]:
+def paged_layout(
+    lengths: list[int], block_size: int, spare_blocks: int = 3
+) -> tuple[torch.Tensor, int]:
     """A block table that scatters each sequence over random, distinct blocks, and the block count."""
     blocks_per_seq = max(-(-n // block_size) for n in lengths)
     num_blocks = len(lengths) * blocks_per_seq + spare_blocks
-    table = torch.randperm(num_blocks)[: len(lengths) * blocks_per_seq].view(len(lengths), blocks_per_seq)
+    table = torch.randperm(num_blocks)[: len(lengths) * blocks_per_seq].view(
+        len(lengths), blocks_per_seq
+    )
     return table.to(device=DEVICE, dtype=torch.int32), num_blocks
 
 

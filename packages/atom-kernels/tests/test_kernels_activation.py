@@ -3,7 +3,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from kernel_testing import assert_close, backends, float_dtypes, impl, rand
 
 SHAPES = [(1, 2 * 64), (9, 2 * 100), (3, 4, 2 * 1536)]
@@ -55,7 +54,9 @@ def test_clamped_swiglu_halves_layout(backend):
     x = rand(4, 2 * 32, scale=6.0)
     interleaved = torch.stack(x.chunk(2, dim=-1), dim=-1).flatten(-2)
     expected = impl("clamped_swiglu", "torch")(interleaved, 1.0, 5.0)
-    assert_close(impl("clamped_swiglu", backend)(x, 1.0, 5.0, interleaved=False), expected, torch.float32)
+    assert_close(
+        impl("clamped_swiglu", backend)(x, 1.0, 5.0, interleaved=False), expected, torch.float32
+    )
 
 
 def test_odd_width_rejected():

@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from kernel_testing import (
     DEVICE,
     assert_close,
@@ -14,7 +13,6 @@ from kernel_testing import (
     reference_attention,
 )
 
-
 VARLEN_CASES = [
     # heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks
     (4, 4, 64, [1, 17, 130], [1, 17, 130], True, None, False),
@@ -27,18 +25,33 @@ VARLEN_CASES = [
 
 @backends
 @float_dtypes
-@pytest.mark.parametrize("heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks", VARLEN_CASES)
-def test_varlen_attention(backend, dtype, heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks):
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks", VARLEN_CASES
+)
+def test_varlen_attention(
+    backend, dtype, heads, kv_heads, head_size, q_lens, k_lens, causal, window, sinks
+):
     q = rand(sum(q_lens), heads, head_size, dtype=dtype)
-    k, v = rand(sum(k_lens), kv_heads, head_size, dtype=dtype), rand(sum(k_lens), kv_heads, head_size, dtype=dtype)
+    k, v = (
+        rand(sum(k_lens), kv_heads, head_size, dtype=dtype),
+        rand(sum(k_lens), kv_heads, head_size, dtype=dtype),
+    )
     sink_logits = rand(heads) if sinks else None
     cu_q, cu_k = cu_seqlens(q_lens), cu_seqlens(k_lens)
     scale = head_size**-0.5
     out = impl("varlen_attention", backend)(q, k, v, cu_q, cu_k, scale, causal, window, sink_logits)
-    expected = torch.cat([
-        reference_attention(q[qs:qe], k[ks:ke], v[ks:ke], scale, causal, window, sink_logits)
-        for qs, qe, ks, ke in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist())
-    ])  # fmt: skip
+    expected = torch.cat(
+        [
+            reference_attention(q[qs:qe], k[ks:ke], v[ks:ke], scale, causal, window, sink_logits)
+            for qs, qe, ks, ke in zip(
+                cu_q[:-1].tolist(),
+                cu_q[1:].tolist(),
+                cu_k[:-1].tolist(),
+                cu_k[1:].tolist(),
+                strict=True,
+            )
+        ]
+    )
     assert_close(out, expected, dtype, "accumulated")
 
 
@@ -50,16 +63,28 @@ PAGED_CASES = [
     (4, 1, 96, 5, [20, 1, 7], [100, 7, 300], None, False, None),
     (16, 2, 64, 1, [3, 2], [40, 3], 9, False, None),
     (2, 2, 256, 16, [1, 1], [50, 129], None, True, None),
+    (4, 2, 64, 8, [1, 1], [700, 90], None, True, 37),  # more splits than one merge chunk
 ]
 
 
 @backends
 @float_dtypes
 @pytest.mark.parametrize(
-    "heads, kv_heads, head_size, block_size, q_lens, seq_lens, window, sinks, num_splits", PAGED_CASES
+    "heads, kv_heads, head_size, block_size, q_lens, seq_lens, window, sinks, num_splits",
+    PAGED_CASES,
 )
 def test_paged_attention(
-    backend, dtype, heads, kv_heads, head_size, block_size, q_lens, seq_lens, window, sinks, num_splits
+    backend,
+    dtype,
+    heads,
+    kv_heads,
+    head_size,
+    block_size,
+    q_lens,
+    seq_lens,
+    window,
+    sinks,
+    num_splits,
 ):
     block_table, num_blocks = paged_layout(seq_lens, block_size)
     key_cache = rand(num_blocks, block_size, kv_heads, head_size, dtype=dtype)
@@ -71,12 +96,21 @@ def test_paged_attention(
     out_buffer = torch.full_like(q, float("nan"))
     scale = head_size**-0.5
     out = impl("paged_attention", backend)(
-        q, key_cache, value_cache, cu_q, seq_lens_t, block_table, scale, window, sink_logits,
-        out=out_buffer, num_splits=num_splits,
-    )  # fmt: skip
+        q,
+        key_cache,
+        value_cache,
+        cu_q,
+        seq_lens_t,
+        block_table,
+        scale,
+        window,
+        sink_logits,
+        out=out_buffer,
+        num_splits=num_splits,
+    )
     assert out.data_ptr() == out_buffer.data_ptr()
     expected = []
-    for i, (qs, qe) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+    for i, (qs, qe) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True)):
         k = gather_paged(key_cache, block_table[i], seq_lens[i])
         v = gather_paged(value_cache, block_table[i], seq_lens[i])
         expected.append(reference_attention(q[qs:qe], k, v, scale, True, window, sink_logits))
@@ -90,6 +124,14 @@ def test_paged_attention_max_seq_len_hint(backend):
     block_table, num_blocks = paged_layout(seq_lens, 16)
     key_cache, value_cache = rand(num_blocks, 16, 2, 64), rand(num_blocks, 16, 2, 64)
     q = rand(2, 4, 64)
-    args = (q, key_cache, value_cache, cu_seqlens([1, 1]), torch.tensor(seq_lens, device=DEVICE), block_table, 0.125)
+    args = (
+        q,
+        key_cache,
+        value_cache,
+        cu_seqlens([1, 1]),
+        torch.tensor(seq_lens, device=DEVICE),
+        block_table,
+        0.125,
+    )
     fn = impl("paged_attention", backend)
     assert_close(fn(*args, max_seq_len=300), fn(*args, num_splits=1), torch.float32, "accumulated")

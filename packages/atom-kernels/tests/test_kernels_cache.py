@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from kernel_testing import DEVICE, backends, float_dtypes, impl, rand
 
 
@@ -26,7 +25,9 @@ def assert_same_cache(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 @backends
 @float_dtypes
-@pytest.mark.parametrize("num_kv_heads, head_size, block_size", [(1, 64, 16), (4, 128, 1), (2, 80, 5)])
+@pytest.mark.parametrize(
+    "num_kv_heads, head_size, block_size", [(1, 64, 16), (4, 128, 1), (2, 80, 5)]
+)
 def test_reshape_and_cache(backend, dtype, num_kv_heads, head_size, block_size):
     num_tokens, num_blocks = 13, 7
     # k and v are views into a fused qkv output; two padding tokens carry slot -1.
@@ -52,17 +53,24 @@ def test_reshape_and_cache_into_halves_of_one_allocation(backend):
     slots = [0, 9, 31, 17, 4]
     key_cache, value_cache = kv_cache.unbind(0)
     want_k, want_v = expected_cache(key_cache, k, slots), expected_cache(value_cache, v, slots)
-    impl("reshape_and_cache", backend)(k, v, key_cache, value_cache, torch.tensor(slots, device=DEVICE))
+    impl("reshape_and_cache", backend)(
+        k, v, key_cache, value_cache, torch.tensor(slots, device=DEVICE)
+    )
     assert_same_cache(kv_cache[0], want_k)
     assert_same_cache(kv_cache[1], want_v)
 
 
 @backends
 @float_dtypes
-@pytest.mark.parametrize("kv_lora_rank, rope_dim, block_size", [(512, 64, 16), (64, 16, 1), (96, 32, 3)])
+@pytest.mark.parametrize(
+    "kv_lora_rank, rope_dim, block_size", [(512, 64, 16), (64, 16, 1), (96, 32, 3)]
+)
 def test_concat_and_cache_mla(backend, dtype, kv_lora_rank, rope_dim, block_size):
     num_tokens, num_blocks = 9, 6
-    kv_c, k_pe = rand(num_tokens, kv_lora_rank, dtype=dtype), rand(num_tokens, 1, rope_dim, dtype=dtype)
+    kv_c, k_pe = (
+        rand(num_tokens, kv_lora_rank, dtype=dtype),
+        rand(num_tokens, 1, rope_dim, dtype=dtype),
+    )
     slots = torch.randperm(num_blocks * block_size)[:num_tokens].tolist()
     slots[0] = -1
     cache = nan_cache(num_blocks, block_size, kv_lora_rank + rope_dim, dtype=dtype)

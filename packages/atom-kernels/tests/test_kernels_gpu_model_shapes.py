@@ -6,7 +6,6 @@ references at small shapes.
 
 import pytest
 import torch
-
 from kernel_testing import assert_close, cu_seqlens, impl, paged_layout, rand
 
 pytestmark = pytest.mark.gpu
@@ -21,8 +20,12 @@ def both(op_name, *args, **kwargs):
 @pytest.mark.parametrize("num_tokens", [1, 256, 4096])
 def test_qwen3_8b_norm_rope_activation(num_tokens):
     hidden, heads, kv_heads, head_dim, inter = 4096, 32, 8, 128, 12288
-    x, residual, weight = rand(num_tokens, hidden, dtype=BF16), rand(num_tokens, hidden, dtype=BF16), rand(hidden, dtype=BF16)
-    for got, want in zip(*both("fused_add_rms_norm", x, residual, weight, 1e-6)):
+    x, residual, weight = (
+        rand(num_tokens, hidden, dtype=BF16),
+        rand(num_tokens, hidden, dtype=BF16),
+        rand(hidden, dtype=BF16),
+    )
+    for got, want in zip(*both("fused_add_rms_norm", x, residual, weight, 1e-6), strict=True):
         assert_close(got, want, BF16)
     from atom_kernels.rope import compute_cos_sin_cache, default_inv_freq
 
@@ -30,13 +33,18 @@ def test_qwen3_8b_norm_rope_activation(num_tokens):
     qkv = rand(num_tokens, (heads + 2 * kv_heads) * head_dim, dtype=BF16)
     q, k = qkv[:, : heads * head_dim], qkv[:, heads * head_dim : (heads + kv_heads) * head_dim]
     positions = torch.randint(0, 40960, (num_tokens,), device="cuda")
-    for got, want in zip(*both("rotary_embedding", positions, q, k, cache, head_dim, True)):
+    for got, want in zip(
+        *both("rotary_embedding", positions, q, k, cache, head_dim, True), strict=True
+    ):
         assert_close(got, want, BF16)
     gate_up = rand(num_tokens, 2 * inter, dtype=BF16)
     assert_close(*both("silu_and_mul", gate_up), BF16)
 
 
-@pytest.mark.parametrize("seq_lens, q_lens", [([8192] * 2, [1] * 2), ([500, 3000, 17] * 20, [1] * 60), ([2048, 700], [512, 64])])
+@pytest.mark.parametrize(
+    "seq_lens, q_lens",
+    [([8192] * 2, [1] * 2), ([500, 3000, 17] * 20, [1] * 60), ([2048, 700], [512, 64])],
+)
 @pytest.mark.parametrize("sliding_window, sinks", [(None, False), (128, True)])
 def test_paged_attention_long_contexts(seq_lens, q_lens, sliding_window, sinks):
     heads, kv_heads, head_dim, block_size = 32, 8, 128, 16
@@ -44,8 +52,17 @@ def test_paged_attention_long_contexts(seq_lens, q_lens, sliding_window, sinks):
     key_cache = rand(num_blocks, block_size, kv_heads, head_dim, dtype=BF16)
     value_cache = rand(num_blocks, block_size, kv_heads, head_dim, dtype=BF16)
     q = rand(sum(q_lens), heads, head_dim, dtype=BF16)
-    args = (q, key_cache, value_cache, cu_seqlens(q_lens), torch.tensor(seq_lens, device="cuda", dtype=torch.int32),
-            block_table, head_dim**-0.5, sliding_window, rand(heads) if sinks else None)  # fmt: skip
+    args = (
+        q,
+        key_cache,
+        value_cache,
+        cu_seqlens(q_lens),
+        torch.tensor(seq_lens, device="cuda", dtype=torch.int32),
+        block_table,
+        head_dim**-0.5,
+        sliding_window,
+        rand(heads) if sinks else None,
+    )
     assert_close(*both("paged_attention", *args), BF16, "accumulated")
 
 
@@ -54,7 +71,9 @@ def test_varlen_prefill_qwen3_30b():
     q = rand(sum(lengths), 32, 128, dtype=BF16)
     k, v = rand(sum(lengths), 4, 128, dtype=BF16), rand(sum(lengths), 4, 128, dtype=BF16)
     cu = cu_seqlens(lengths)
-    assert_close(*both("varlen_attention", q, k, v, cu, cu, 128**-0.5, True, None, None), BF16, "accumulated")
+    assert_close(
+        *both("varlen_attention", q, k, v, cu, cu, 128**-0.5, True, None, None), BF16, "accumulated"
+    )
 
 
 @pytest.mark.parametrize("num_seqs, seq_len", [(1, 16384), (64, 2048)])
@@ -62,8 +81,15 @@ def test_mla_decode_deepseek_v2_lite(num_seqs, seq_len):
     block_table, num_blocks = paged_layout([seq_len] * num_seqs, 64)
     kv_cache = rand(num_blocks, 64, 576, dtype=BF16)
     q = rand(num_seqs, 16, 576, dtype=BF16)
-    args = (q, kv_cache, cu_seqlens([1] * num_seqs), torch.full((num_seqs,), seq_len, device="cuda", dtype=torch.int32),
-            block_table, 192**-0.5, 512)  # fmt: skip
+    args = (
+        q,
+        kv_cache,
+        cu_seqlens([1] * num_seqs),
+        torch.full((num_seqs,), seq_len, device="cuda", dtype=torch.int32),
+        block_table,
+        192**-0.5,
+        512,
+    )
     assert_close(*both("mla_decode", *args), BF16, "accumulated")
 
 
@@ -86,7 +112,9 @@ def test_fp8_gemms_deepseek_dims(m):
     assert_close(*both("fp8_scaled_mm", a_q, b_q, a_scale, b_scale, BF16), BF16, "accumulated")
     a_q, a_scale = impl("per_group_quant_fp8", "triton")(a)
     b_scale = torch.rand(n // 128, k // 128, device="cuda") / 100
-    assert_close(*both("fp8_block_scaled_mm", a_q, b_q, a_scale, b_scale, BF16), BF16, "accumulated")
+    assert_close(
+        *both("fp8_block_scaled_mm", a_q, b_q, a_scale, b_scale, BF16), BF16, "accumulated"
+    )
 
 
 def test_decode_step_captures_in_a_cuda_graph():
@@ -97,7 +125,10 @@ def test_decode_step_captures_in_a_cuda_graph():
     value_cache = rand(num_blocks, 16, 8, 128, dtype=BF16)
     x, weight = rand(4, 2048, dtype=BF16), rand(2048, dtype=BF16)
     q = rand(4, 32, 128, dtype=BF16)
-    w13, w2 = rand(16, 512, 2048, dtype=BF16, scale=0.02), rand(16, 2048, 256, dtype=BF16, scale=0.06)
+    w13, w2 = (
+        rand(16, 512, 2048, dtype=BF16, scale=0.02),
+        rand(16, 2048, 256, dtype=BF16, scale=0.06),
+    )
     logits = rand(4, 16)
     lens = torch.tensor(seq_lens, device="cuda", dtype=torch.int32)
     cu = cu_seqlens([1] * 4)
@@ -106,7 +137,9 @@ def test_decode_step_captures_in_a_cuda_graph():
         h = impl("rms_norm", "triton")(x, weight, 1e-6)
         weights, ids = impl("topk_softmax", "triton")(logits, 4, True)
         moe = impl("fused_moe", "triton")(h, w13, w2, weights, ids)
-        attn = impl("paged_attention", "triton")(q, key_cache, value_cache, cu, lens, block_table, 0.088)
+        attn = impl("paged_attention", "triton")(
+            q, key_cache, value_cache, cu, lens, block_table, 0.088
+        )
         return moe, attn
 
     eager = step()
@@ -120,5 +153,5 @@ def test_decode_step_captures_in_a_cuda_graph():
         captured = step()
     graph.replay()
     torch.cuda.synchronize()
-    for got, want in zip(captured, eager):
+    for got, want in zip(captured, eager, strict=True):
         assert_close(got, want, BF16, "accumulated")

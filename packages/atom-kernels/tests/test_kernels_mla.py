@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from kernel_testing import (
     DEVICE,
     assert_close,
@@ -27,20 +26,35 @@ from kernel_testing import (
     ],
     ids=["decode", "decode-no-split", "multi-token", "deepseek-dims"],
 )
-def test_mla_decode(backend, dtype, heads, kv_lora_rank, rope_dim, block_size, q_lens, seq_lens, num_splits):
+def test_mla_decode(
+    backend, dtype, heads, kv_lora_rank, rope_dim, block_size, q_lens, seq_lens, num_splits
+):
     block_table, num_blocks = paged_layout(seq_lens, block_size)
     kv_cache = rand(num_blocks, block_size, kv_lora_rank + rope_dim, dtype=dtype)
     q = rand(sum(q_lens), heads, kv_lora_rank + rope_dim, dtype=dtype)
     cu_q = cu_seqlens(q_lens)
-    out_buffer = torch.full((q.shape[0], heads, kv_lora_rank), float("nan"), dtype=dtype, device=DEVICE)
+    out_buffer = torch.full(
+        (q.shape[0], heads, kv_lora_rank), float("nan"), dtype=dtype, device=DEVICE
+    )
     scale = (128 + rope_dim) ** -0.5
     out = impl("mla_decode", backend)(
-        q, kv_cache, cu_q, torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), block_table, scale,
-        kv_lora_rank, out=out_buffer, num_splits=num_splits,
-    )  # fmt: skip
+        q,
+        kv_cache,
+        cu_q,
+        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_table,
+        scale,
+        kv_lora_rank,
+        out=out_buffer,
+        num_splits=num_splits,
+    )
     assert out.data_ptr() == out_buffer.data_ptr()
     expected = []
-    for i, (qs, qe) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist())):
+    for i, (qs, qe) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True)):
         latent = gather_paged(kv_cache, block_table[i], seq_lens[i]).unsqueeze(1)
-        expected.append(reference_attention(q[qs:qe], latent, latent[..., :kv_lora_rank], scale, True, None, None))
+        expected.append(
+            reference_attention(
+                q[qs:qe], latent, latent[..., :kv_lora_rank], scale, True, None, None
+            )
+        )
     assert_close(out, torch.cat(expected), dtype, "accumulated")

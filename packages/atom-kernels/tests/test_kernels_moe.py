@@ -1,7 +1,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
 from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
 
 
@@ -19,7 +18,9 @@ def sort_by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tens
 
 @backends
 @float_dtypes
-@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 8, 2), (37, 128, 8), (5, 60, 4), (300, 64, 6)])
+@pytest.mark.parametrize(
+    "num_tokens, num_experts, top_k", [(1, 8, 2), (37, 128, 8), (5, 60, 4), (300, 64, 6)]
+)
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_topk_softmax(backend, dtype, num_tokens, num_experts, top_k, renormalize):
     logits = distinct_logits(num_tokens, num_experts, dtype)
@@ -73,7 +74,9 @@ def test_grouped_topk_noaux_tc_matches_hf(
     weights, ids = impl("grouped_topk", backend)(
         logits, top_k, n_group, topk_group, renormalize, "sigmoid", bias, scaling
     )
-    want_weights, want_ids = hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, renormalize, scaling)
+    want_weights, want_ids = hf_deepseek_v3_router(
+        logits, bias, top_k, n_group, topk_group, renormalize, scaling
+    )
     got_w, got_ids = sort_by_expert(weights, ids)
     want_w, want_ids = sort_by_expert(want_weights, want_ids)
     assert torch.equal(got_ids, want_ids)
@@ -147,7 +150,9 @@ def test_fused_moe_gelu_with_biases(backend):
     x, w13, w2 = rand(6, 64), rand(4, 64, 64, scale=0.125), rand(4, 64, 32, scale=0.18)
     b13, b2 = rand(4, 64), rand(4, 64)
     weights, ids = routing(6, 4, 2)
-    out = impl("fused_moe", backend)(x, w13, w2, weights, ids, activation="gelu_tanh", w13_bias=b13, w2_bias=b2)
+    out = impl("fused_moe", backend)(
+        x, w13, w2, weights, ids, activation="gelu_tanh", w13_bias=b13, w2_bias=b2
+    )
     want = reference_moe(x, w13, w2, weights, ids, "gelu_tanh", b13, b2)
     assert_close(out, want, torch.float32, "accumulated")
 
@@ -160,7 +165,9 @@ def test_fused_moe_gpt_oss_matches_hf(backend, dtype):
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
     num_tokens, hidden, inter, num_experts, top_k = 11, 64, 48, 8, 4
-    config = transformers.GptOssConfig(hidden_size=hidden, intermediate_size=inter, num_local_experts=num_experts)
+    config = transformers.GptOssConfig(
+        hidden_size=hidden, intermediate_size=inter, num_local_experts=num_experts
+    )
     experts = GptOssExperts(config).to(DEVICE)
     with torch.no_grad():
         for p in experts.parameters():
@@ -173,15 +180,25 @@ def test_fused_moe_gpt_oss_matches_hf(backend, dtype):
     w13 = experts.gate_up_proj.detach().transpose(1, 2).contiguous().to(dtype)
     w2 = experts.down_proj.detach().transpose(1, 2).contiguous().to(dtype)
     out = impl("fused_moe", backend)(
-        x, w13, w2, weights, ids, activation="clamped_swiglu", interleaved=True,
-        w13_bias=experts.gate_up_proj_bias.detach().to(dtype), w2_bias=experts.down_proj_bias.detach().to(dtype),
-        swiglu_alpha=experts.alpha, swiglu_limit=experts.limit,
-    )  # fmt: skip
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        activation="clamped_swiglu",
+        interleaved=True,
+        w13_bias=experts.gate_up_proj_bias.detach().to(dtype),
+        w2_bias=experts.down_proj_bias.detach().to(dtype),
+        swiglu_alpha=experts.alpha,
+        swiglu_limit=experts.limit,
+    )
     if dtype == torch.float32:
         assert_close(out, expected, dtype, "accumulated")
     else:
         # HF ran in fp32 on unrounded weights; ours saw bf16 weights: compare loosely.
-        torch.testing.assert_close(out.float(), expected, rtol=5e-2, atol=5e-2 * expected.abs().max().item())
+        torch.testing.assert_close(
+            out.float(), expected, rtol=5e-2, atol=5e-2 * expected.abs().max().item()
+        )
 
 
 def test_moe_align_block_size():

@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
 
 FP8 = torch.float8_e4m3fn

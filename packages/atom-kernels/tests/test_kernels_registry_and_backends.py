@@ -4,11 +4,11 @@ import types
 
 import pytest
 import torch
+from kernel_testing import DEVICE, ON_GPU, assert_close, cu_seqlens, impl, paged_layout, rand
 
 import atom_kernels
 from atom_kernels import BackendUnavailableError, reset_selection
 from atom_kernels.registry import OPS
-from kernel_testing import DEVICE, ON_GPU, assert_close, cu_seqlens, impl, paged_layout, rand
 
 
 def test_every_op_has_all_three_backends():
@@ -30,7 +30,9 @@ def test_triton_kernels_run_in_the_interpreter_on_cpu():
 
 def test_importing_the_package_never_imports_aiter():
     code = "import sys, atom_kernels; assert 'aiter' not in sys.modules; print(atom_kernels.backend_report_line())"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "rms_norm=" in result.stdout
 
@@ -89,8 +91,19 @@ def test_all_reduce_hook():
 # references. They say nothing about AITER itself.
 
 
-def _fake_mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
-                         page_size, nhead_kv, sm_scale):  # fmt: skip
+def _fake_mla_decode_fwd(
+    q,
+    kv_buffer,
+    o,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    kv_last_page_lens,
+    max_seqlen_q,
+    page_size,
+    nhead_kv,
+    sm_scale,
+):
     from atom_kernels.attention import attend_one_sequence
 
     rank = o.shape[-1]
@@ -99,7 +112,9 @@ def _fake_mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
         length = (pages.numel() - 1) * page_size + int(kv_last_page_lens[i])
         latent = kv_buffer[pages].flatten(0, 1)[:length].squeeze(1).unsqueeze(1)
         qs, qe = int(qo_indptr[i]), int(qo_indptr[i + 1])
-        o[qs:qe] = attend_one_sequence(q[qs:qe], latent, latent[..., :rank], sm_scale, True, None, None)
+        o[qs:qe] = attend_one_sequence(
+            q[qs:qe], latent, latent[..., :rank], sm_scale, True, None, None
+        )
 
 
 @pytest.fixture
@@ -132,16 +147,29 @@ def fake_aiter(monkeypatch):
 
 def test_aiter_adapters_wiring(fake_aiter):
     x, residual, weight = rand(3, 5, 64), rand(3, 5, 64), rand(64)
-    assert_close(impl("rms_norm", "aiter")(x, weight, 1e-6), impl("rms_norm", "torch")(x, weight, 1e-6), torch.float32)
+    assert_close(
+        impl("rms_norm", "aiter")(x, weight, 1e-6),
+        impl("rms_norm", "torch")(x, weight, 1e-6),
+        torch.float32,
+    )
     for got, want in zip(
         impl("fused_add_rms_norm", "aiter")(x, residual, weight, 1e-6),
         impl("fused_add_rms_norm", "torch")(x, residual, weight, 1e-6),
+        strict=True,
     ):
         assert_close(got, want, torch.float32)
     gate_up = rand(4, 64)
-    assert_close(impl("silu_and_mul", "aiter")(gate_up), impl("silu_and_mul", "torch")(gate_up), torch.float32)
+    assert_close(
+        impl("silu_and_mul", "aiter")(gate_up),
+        impl("silu_and_mul", "torch")(gate_up),
+        torch.float32,
+    )
     logits = rand(6, 16)
-    for got, want in zip(impl("topk_softmax", "aiter")(logits, 3, True), impl("topk_softmax", "torch")(logits, 3, True)):
+    for got, want in zip(
+        impl("topk_softmax", "aiter")(logits, 3, True),
+        impl("topk_softmax", "torch")(logits, 3, True),
+        strict=True,
+    ):
         assert torch.equal(got, want)
 
 
@@ -149,5 +177,15 @@ def test_aiter_mla_adapter_builds_page_lists(fake_aiter):
     seq_lens = [50, 3, 17]
     block_table, num_blocks = paged_layout(seq_lens, 16)
     kv_cache, q = rand(num_blocks, 16, 80), rand(3, 4, 80)
-    args = (q, kv_cache, cu_seqlens([1, 1, 1]), torch.tensor(seq_lens, device=DEVICE), block_table, 0.1, 64)
-    assert_close(impl("mla_decode", "aiter")(*args), impl("mla_decode", "torch")(*args), torch.float32)
+    args = (
+        q,
+        kv_cache,
+        cu_seqlens([1, 1, 1]),
+        torch.tensor(seq_lens, device=DEVICE),
+        block_table,
+        0.1,
+        64,
+    )
+    assert_close(
+        impl("mla_decode", "aiter")(*args), impl("mla_decode", "torch")(*args), torch.float32
+    )

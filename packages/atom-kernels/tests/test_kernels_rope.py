@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
 
 from atom_kernels.rope import (
     compute_cos_sin_cache,
@@ -10,7 +11,6 @@ from atom_kernels.rope import (
     yarn_inv_freq,
     yarn_mscale,
 )
-from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
 
 
 def reference_rope(x, positions, inv_freq, head_size, rotary_dim, is_neox):
@@ -42,20 +42,30 @@ def test_rotary_embedding(backend, dtype, is_neox, heads, kv_heads, head_size, r
     # q and k as views into one fused qkv row, the way attention layers produce them.
     qkv = rand(num_tokens, (heads + 2 * kv_heads) * head_size, dtype=dtype)
     q = qkv[:, : heads * head_size]
-    k = qkv[:, heads * head_size : (heads + kv_heads) * head_size].view(num_tokens, kv_heads, head_size)
+    k = qkv[:, heads * head_size : (heads + kv_heads) * head_size].view(
+        num_tokens, kv_heads, head_size
+    )
     q_before, k_before = q.clone(), k.clone()
     q_out, k_out = impl("rotary_embedding", backend)(positions, q, k, cache, head_size, is_neox)
     assert q_out.shape == q.shape and k_out.shape == k.shape
     assert torch.equal(q, q_before) and torch.equal(k, k_before), "inputs must not be modified"
-    assert_close(q_out, reference_rope(q, positions, inv_freq, head_size, rotary_dim, is_neox), dtype)
-    assert_close(k_out, reference_rope(k, positions, inv_freq, head_size, rotary_dim, is_neox), dtype)
+    assert_close(
+        q_out, reference_rope(q, positions, inv_freq, head_size, rotary_dim, is_neox), dtype
+    )
+    assert_close(
+        k_out, reference_rope(k, positions, inv_freq, head_size, rotary_dim, is_neox), dtype
+    )
 
 
 def test_default_cache_matches_definition():
     inv_freq = default_inv_freq(64, 1e6)
     cache = compute_cos_sin_cache(inv_freq, 100, mscale=0.5)
-    angle = torch.arange(100, dtype=torch.float64)[:, None] * (1e6 ** (-torch.arange(0, 64, 2) / 64.0))
-    torch.testing.assert_close(cache.double(), torch.cat([angle.cos(), angle.sin()], -1) * 0.5, rtol=0, atol=1e-6)
+    angle = torch.arange(100, dtype=torch.float64)[:, None] * (
+        1e6 ** (-torch.arange(0, 64, 2) / 64.0)
+    )
+    torch.testing.assert_close(
+        cache.double(), torch.cat([angle.cos(), angle.sin()], -1) * 0.5, rtol=0, atol=1e-6
+    )
 
 
 @pytest.fixture
@@ -66,7 +76,10 @@ def vllm_rope():
     from vllm.model_executor.layers.rotary_embedding import deepseek_scaling_rope, yarn_scaling_rope
 
     with set_current_vllm_config(VllmConfig()):
-        yield yarn_scaling_rope.YaRNScalingRotaryEmbedding, deepseek_scaling_rope.DeepseekScalingRotaryEmbedding
+        yield (
+            yarn_scaling_rope.YaRNScalingRotaryEmbedding,
+            deepseek_scaling_rope.DeepseekScalingRotaryEmbedding,
+        )
 
 
 YARN_CASES = [
@@ -78,13 +91,24 @@ YARN_CASES = [
 
 
 @pytest.mark.parametrize("rotary_dim, base, factor, original, beta_fast, beta_slow", YARN_CASES)
-def test_yarn_cache_matches_vllm(vllm_rope, rotary_dim, base, factor, original, beta_fast, beta_slow):
+def test_yarn_cache_matches_vllm(
+    vllm_rope, rotary_dim, base, factor, original, beta_fast, beta_slow
+):
     vllm_yarn = vllm_rope[0](
-        rotary_dim, rotary_dim, original, base, True, factor, torch.float32,
-        beta_fast=beta_fast, beta_slow=beta_slow,
-    )  # fmt: skip
+        rotary_dim,
+        rotary_dim,
+        original,
+        base,
+        True,
+        factor,
+        torch.float32,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+    )
     inv_freq = yarn_inv_freq(rotary_dim, base, factor, original, beta_fast, beta_slow)
-    torch.testing.assert_close(inv_freq.float(), vllm_yarn._compute_inv_freq(factor), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        inv_freq.float(), vllm_yarn._compute_inv_freq(factor), rtol=1e-6, atol=0
+    )
     assert yarn_mscale(factor) == pytest.approx(vllm_yarn.mscale, rel=1e-12)
     # vLLM computes the angles in fp32; compare the first 2048 positions, where fp32 angles are exact
     # enough, against our float64 cache.
@@ -92,30 +116,46 @@ def test_yarn_cache_matches_vllm(vllm_rope, rotary_dim, base, factor, original, 
     torch.testing.assert_close(ours, vllm_yarn.cos_sin_cache[:2048].float(), rtol=0, atol=5e-4)
 
 
-@pytest.mark.parametrize("factor, mscale, mscale_all_dim", [(40.0, 0.707, 0.707), (40.0, 1.0, 0.0), (4.0, 1.0, 1.0)])
+@pytest.mark.parametrize(
+    "factor, mscale, mscale_all_dim", [(40.0, 0.707, 0.707), (40.0, 1.0, 0.0), (4.0, 1.0, 1.0)]
+)
 def test_deepseek_yarn_matches_vllm_and_hf(vllm_rope, factor, mscale, mscale_all_dim):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     rotary_dim, base, original = 64, 10000.0, 4096
     vllm_deepseek = vllm_rope[1](
-        rotary_dim, rotary_dim, original, base, False, factor, torch.float32,
-        mscale=mscale, mscale_all_dim=mscale_all_dim,
-    )  # fmt: skip
+        rotary_dim,
+        rotary_dim,
+        original,
+        base,
+        False,
+        factor,
+        torch.float32,
+        mscale=mscale,
+        mscale_all_dim=mscale_all_dim,
+    )
     ours = deepseek_yarn_mscale(factor, mscale, mscale_all_dim)
     assert ours == pytest.approx(vllm_deepseek.mscale, rel=1e-12)
     inv_freq = yarn_inv_freq(rotary_dim, base, factor, original)
-    torch.testing.assert_close(inv_freq.float(), vllm_deepseek._compute_inv_freq(factor), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        inv_freq.float(), vllm_deepseek._compute_inv_freq(factor), rtol=1e-6, atol=0
+    )
 
     config = transformers.DeepseekV3Config(
         qk_rope_head_dim=rotary_dim,
         max_position_embeddings=int(original * factor),
         rope_theta=base,
         rope_scaling={
-            "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
-            "mscale": mscale, "mscale_all_dim": mscale_all_dim, "beta_fast": 32, "beta_slow": 1,
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": original,
+            "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim,
+            "beta_fast": 32,
+            "beta_slow": 1,
         },
-    )  # fmt: skip
+    )
     hf_inv_freq, hf_attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     torch.testing.assert_close(inv_freq.float(), hf_inv_freq.float(), rtol=1e-6, atol=0)
     if mscale and mscale_all_dim:

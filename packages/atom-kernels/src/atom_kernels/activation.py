@@ -17,7 +17,9 @@ import triton.language as tl
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
-silu_and_mul = define_op("silu_and_mul", "silu_and_mul(x[..., 2d]) -> silu(x[..., :d]) * x[..., d:]")
+silu_and_mul = define_op(
+    "silu_and_mul", "silu_and_mul(x[..., 2d]) -> silu(x[..., :d]) * x[..., d:]"
+)
 gelu_and_mul = define_op(
     "gelu_and_mul",
     "gelu_and_mul(x[..., 2d], approximate='none'|'tanh') -> gelu(x[..., :d]) * x[..., d:]",

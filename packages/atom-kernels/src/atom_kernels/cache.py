@@ -126,7 +126,9 @@ def _reshape_and_cache_kernel(
 
 def _check_cache(name: str, cache: torch.Tensor, *trailing: int) -> None:
     if cache.dim() != 2 + len(trailing) or tuple(cache.shape[2:]) != trailing:
-        raise ValueError(f"{name}: shape {tuple(cache.shape)} != [num_blocks, block_size, {trailing}]")
+        raise ValueError(
+            f"{name}: shape {tuple(cache.shape)} != [num_blocks, block_size, {trailing}]"
+        )
     check_last_dim_contiguous(name, cache)
 
 
@@ -146,7 +148,9 @@ def reshape_and_cache_triton(
     value = value.view(value.shape[0], num_heads, head_size) if value.dim() == 2 else value
     for name, t in (("key", key), ("value", value)):
         if t.shape[1:] != (num_heads, head_size) or t.shape[0] < num_tokens:
-            raise ValueError(f"reshape_and_cache: {name} {tuple(t.shape)} vs cache heads {num_heads}x{head_size}")
+            raise ValueError(
+                f"reshape_and_cache: {name} {tuple(t.shape)} vs cache heads {num_heads}x{head_size}"
+            )
         check_last_dim_contiguous(name, t)
     if num_tokens == 0:
         return
@@ -195,7 +199,11 @@ def _concat_and_cache_mla_kernel(
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
         return
-    dst = cache_ptr + (slot // block_size) * cache_block_stride + (slot % block_size) * cache_slot_stride
+    dst = (
+        cache_ptr
+        + (slot // block_size) * cache_block_stride
+        + (slot % block_size) * cache_slot_stride
+    )
     _copy_rows_to_slot(kv_c_ptr + token * kv_c_stride, 0, dst, 0, 1, kv_lora_rank, 1, RANK_P2)
     _copy_rows_to_slot(
         k_pe_ptr + token * k_pe_stride, 0, dst + kv_lora_rank, 0, 1, rope_dim, 1, ROPE_P2

@@ -53,8 +53,12 @@ def fp8_scaled_mm_torch(
     return out.to(out_dtype)
 
 
-def _expand_blocks(scale: torch.Tensor, rows: int, cols: int, block_rows: int, block_cols: int) -> torch.Tensor:
-    expanded = scale.float().repeat_interleave(block_rows, dim=0).repeat_interleave(block_cols, dim=1)
+def _expand_blocks(
+    scale: torch.Tensor, rows: int, cols: int, block_rows: int, block_cols: int
+) -> torch.Tensor:
+    expanded = (
+        scale.float().repeat_interleave(block_rows, dim=0).repeat_interleave(block_cols, dim=1)
+    )
     return expanded[:rows, :cols]
 
 
@@ -122,7 +126,9 @@ def _fp8_gemm_kernel(
             k_group = k0 // SCALE_BLOCK
             sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group, mask=row_valid, other=0.0)
             sb = tl.load(
-                b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride + k_group, mask=col_valid, other=0.0
+                b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride + k_group,
+                mask=col_valid,
+                other=0.0,
             )
             acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
         else:
@@ -147,10 +153,31 @@ def _fp8_gemm_kernel(
 def _gemm_config(m: int) -> dict[str, int]:
     """Tiles by M: decode-sized M streams the weights, prefill-sized M is compute bound."""
     if m <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+        return {
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "GROUP_M": 1,
+            "num_warps": 4,
+            "num_stages": 4,
+        }
     if m <= 64:
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+        return {
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 4,
+        }
+    return {
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 3,
+    }
 
 
 def _launch_fp8_gemm(
@@ -165,7 +192,9 @@ def _launch_fp8_gemm(
 ) -> torch.Tensor:
     check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, bias=bias)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"fp8 gemm: a {tuple(a.shape)} and b {tuple(b.shape)} are not [M, K] x [N, K]")
+        raise ValueError(
+            f"fp8 gemm: a {tuple(a.shape)} and b {tuple(b.shape)} are not [M, K] x [N, K]"
+        )
     if a.element_size() != 1 or b.element_size() != 1:
         raise ValueError(f"fp8 gemm: operands must be fp8, got {a.dtype} and {b.dtype}")
     check_last_dim_contiguous("a", a)
@@ -178,7 +207,9 @@ def _launch_fp8_gemm(
     if block_scaled:
         config["BLOCK_K"] = min(config["BLOCK_K"], scale_block)
         if scale_block % config["BLOCK_K"]:
-            raise ValueError(f"fp8_block_scaled_mm: block_size {scale_block} must be a multiple of 128")
+            raise ValueError(
+                f"fp8_block_scaled_mm: block_size {scale_block} must be a multiple of 128"
+            )
     grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
     _fp8_gemm_kernel[grid](
         a,

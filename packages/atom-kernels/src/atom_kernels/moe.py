@@ -69,7 +69,9 @@ def _scores(router_logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
         return router_logits.float().sigmoid()
     if scoring_func == "softmax":
         return torch.softmax(router_logits.float(), dim=-1)
-    raise ValueError(f"grouped_topk: scoring_func must be 'sigmoid' or 'softmax', got {scoring_func!r}")
+    raise ValueError(
+        f"grouped_topk: scoring_func must be 'sigmoid' or 'softmax', got {scoring_func!r}"
+    )
 
 
 @grouped_topk.register("torch")
@@ -183,7 +185,9 @@ def _topk_softmax_kernel(
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
     experts = tl.arange(0, E_P2)[None, :]
     mask = (tokens < num_tokens) & (experts < num_experts)
-    logits = tl.load(logits_ptr + tokens.to(tl.int64) * logits_stride + experts, mask=mask, other=float("-inf"))
+    logits = tl.load(
+        logits_ptr + tokens.to(tl.int64) * logits_stride + experts, mask=mask, other=float("-inf")
+    )
     logits = logits.to(tl.float32)
     row_max = tl.max(logits, axis=1)
     probs = tl.exp(logits - tl.where(row_max == float("-inf"), 0.0, row_max)[:, None])
@@ -202,13 +206,19 @@ def _topk_softmax_kernel(
 
 def _routing_outputs(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if router_logits.dim() != 2:
-        raise ValueError(f"routing: router_logits must be [num_tokens, num_experts], got {tuple(router_logits.shape)}")
+        raise ValueError(
+            f"routing: router_logits must be [num_tokens, num_experts], got {tuple(router_logits.shape)}"
+        )
     check_last_dim_contiguous("router_logits", router_logits)
     if not 0 < top_k <= router_logits.shape[1]:
-        raise ValueError(f"routing: top_k {top_k} out of range for {router_logits.shape[1]} experts")
+        raise ValueError(
+            f"routing: top_k {top_k} out of range for {router_logits.shape[1]} experts"
+        )
     shape = (router_logits.shape[0], top_k)
     device = router_logits.device
-    return torch.empty(shape, dtype=torch.float32, device=device), torch.empty(shape, dtype=torch.int32, device=device)
+    return torch.empty(shape, dtype=torch.float32, device=device), torch.empty(
+        shape, dtype=torch.int32, device=device
+    )
 
 
 def _routing_block_t(e_p2: int) -> int:
@@ -267,7 +277,9 @@ def _grouped_topk_kernel(
     experts = tl.arange(0, E_P2)[None, :]
     valid = experts < num_experts
     mask = (tokens < num_tokens) & valid
-    logits = tl.load(logits_ptr + tokens.to(tl.int64) * logits_stride + experts, mask=mask, other=0.0)
+    logits = tl.load(
+        logits_ptr + tokens.to(tl.int64) * logits_stride + experts, mask=mask, other=0.0
+    )
     logits = logits.to(tl.float32)
     if SIGMOID:
         scores = tl.sigmoid(logits)
@@ -289,7 +301,9 @@ def _grouped_topk_kernel(
         first = tl.max(in_group, axis=1)
         if HAS_BIAS:
             first_idx = tl.argmax(in_group, axis=1, tie_break_left=True)
-            second = tl.max(tl.where(experts == first_idx[:, None], float("-inf"), in_group), axis=1)
+            second = tl.max(
+                tl.where(experts == first_idx[:, None], float("-inf"), in_group), axis=1
+            )
             score = first + second
         else:
             score = first
@@ -308,7 +322,9 @@ def _grouped_topk_kernel(
         score_i = tl.sum(tl.where(experts == expert_i[:, None], scores, 0.0), axis=1)
         top_values = tl.where(slots == i, score_i[:, None], top_values)
     if RENORMALIZE:
-        top_values = top_values / (tl.sum(tl.where(slots < TOP_K, top_values, 0.0), axis=1)[:, None] + 1e-20)
+        top_values = top_values / (
+            tl.sum(tl.where(slots < TOP_K, top_values, 0.0), axis=1)[:, None] + 1e-20
+        )
     top_values = top_values * routed_scaling_factor
     out_mask = (tokens < num_tokens) & (slots < TOP_K)
     tl.store(weights_ptr + tokens * TOP_K + slots, top_values, mask=out_mask)
@@ -327,7 +343,9 @@ def grouped_topk_triton(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if scoring_func not in ("sigmoid", "softmax"):
-        raise ValueError(f"grouped_topk: scoring_func must be 'sigmoid' or 'softmax', got {scoring_func!r}")
+        raise ValueError(
+            f"grouped_topk: scoring_func must be 'sigmoid' or 'softmax', got {scoring_func!r}"
+        )
     weights, ids = _routing_outputs(router_logits, top_k)
     num_tokens, num_experts = router_logits.shape
     if num_experts % num_expert_group or not 0 < topk_group <= num_expert_group:
@@ -389,7 +407,9 @@ def moe_align_block_size(
     padded_end = padded.cumsum(0)
     order = torch.sort(flat, stable=True).indices
     sorted_experts = flat[order]
-    rank = torch.arange(num_entries, device=flat.device) - (counts.cumsum(0) - counts)[sorted_experts]
+    rank = (
+        torch.arange(num_entries, device=flat.device) - (counts.cumsum(0) - counts)[sorted_experts]
+    )
     dest = (padded_end - padded)[sorted_experts] + rank
     capacity = num_entries + min(num_experts, num_entries) * (block_m - 1)
     capacity = triton.cdiv(capacity, block_m) * block_m
@@ -472,14 +492,19 @@ def _moe_gemm_kernel(
 
     if HAS_BIAS:
         bias_row = bias_ptr + expert * bias_stride_e
-        acc += tl.load(bias_row + cols * gate_up_step, mask=col_valid, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_row + cols * gate_up_step, mask=col_valid, other=0.0).to(tl.float32)[
+            None, :
+        ]
         if GATED:
             up_bias = tl.load(bias_row + cols * gate_up_step + up_offset, mask=col_valid, other=0.0)
             acc_up += up_bias.to(tl.float32)[None, :]
     if GATED:
         acc = apply_gated_activation(acc, acc_up, ACT, alpha, limit)
     if MUL_ROUTED_WEIGHT:
-        acc = acc * tl.load(topk_weights_ptr + entries, mask=row_valid, other=0.0).to(tl.float32)[:, None]
+        acc = (
+            acc
+            * tl.load(topk_weights_ptr + entries, mask=row_valid, other=0.0).to(tl.float32)[:, None]
+        )
     out = out_ptr + entries.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & col_valid[None, :])
 
@@ -488,10 +513,31 @@ def _moe_config(num_entries: int, num_experts: int) -> dict[str, int]:
     """Tile sizes by the expected rows per expert (Hopper-minded defaults, no autotuning)."""
     rows_per_expert = num_entries / num_experts
     if rows_per_expert <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
+        return {
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "GROUP_M": 1,
+            "num_warps": 4,
+            "num_stages": 3,
+        }
     if rows_per_expert <= 64:
-        return {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+        return {
+            "BLOCK_M": 32,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "GROUP_M": 4,
+            "num_warps": 4,
+            "num_stages": 3,
+        }
+    return {
+        "BLOCK_M": 64,
+        "BLOCK_N": 128,
+        "BLOCK_K": 64,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 3,
+    }
 
 
 def _launch_moe_gemm(
@@ -563,14 +609,20 @@ def fused_moe_triton(
     swiglu_limit: float = 7.0,
 ) -> torch.Tensor:
     if activation not in ACTIVATIONS:
-        raise ValueError(f"fused_moe: unknown activation {activation!r}; known: {sorted(ACTIVATIONS)}")
+        raise ValueError(
+            f"fused_moe: unknown activation {activation!r}; known: {sorted(ACTIVATIONS)}"
+        )
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
     if w13.shape != (num_experts, 2 * inter, hidden) or w2.shape != (num_experts, hidden, inter):
-        raise ValueError(f"fused_moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
+        raise ValueError(
+            f"fused_moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
+        )
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != num_tokens:
-        raise ValueError(f"fused_moe: topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)}")
+        raise ValueError(
+            f"fused_moe: topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)}"
+        )
     if w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"fused_moe: weights {w13.dtype}/{w2.dtype} must match x {x.dtype}")
     for name, t in (("x", x), ("w13", w13), ("w2", w2)):

@@ -93,7 +93,9 @@ def _launch_rms_norm(
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != ({n},)")
     check_last_dim_contiguous("rms_norm weight", weight)
     if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"fused_add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+        raise ValueError(
+            f"fused_add_rms_norm: residual {tuple(residual.shape)} != x {tuple(x.shape)}"
+        )
     block_n = next_pow2(n)
     if block_n > 65536:
         raise ValueError(f"rms_norm: hidden size {n} is larger than the kernel's 65536 limit")

@@ -23,7 +23,9 @@ per_tensor_quant_fp8 = define_op(
     "per_tensor_quant_fp8",
     "per_tensor_quant_fp8(x, scale=None) -> (q fp8, scale [1]); dynamic when scale is None",
 )
-per_token_quant_fp8 = define_op("per_token_quant_fp8", "per_token_quant_fp8(x) -> (q fp8, scale [M, 1])")
+per_token_quant_fp8 = define_op(
+    "per_token_quant_fp8", "per_token_quant_fp8(x) -> (q fp8, scale [M, 1])"
+)
 per_group_quant_fp8 = define_op(
     "per_group_quant_fp8",
     "per_group_quant_fp8(x, group_size=128) -> (q fp8, scale [M, K / group_size])",
@@ -69,7 +71,9 @@ def per_group_quant_fp8_torch(
     x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] % group_size:
-        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
+        raise ValueError(
+            f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}"
+        )
     groups = x.reshape(-1, x.shape[-1] // group_size, group_size)
     scale = _scale_from_amax(groups.abs().amax(dim=-1), dtype)
     return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), scale
@@ -97,7 +101,9 @@ def _quant_fp8_kernel(
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     group = tl.program_id(1)
     cols = group * GROUP + tl.arange(0, BLOCK_G)
-    mask = (rows < num_rows)[:, None] & (cols < K)[None, :] & (tl.arange(0, BLOCK_G) < GROUP)[None, :]
+    mask = (
+        (rows < num_rows)[:, None] & (cols < K)[None, :] & (tl.arange(0, BLOCK_G) < GROUP)[None, :]
+    )
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     # div_rn: IEEE division, as torch divides (a plain / is approximate on the GPU), so the GPU's
@@ -109,7 +115,11 @@ def _quant_fp8_kernel(
         num_groups = tl.num_programs(1)
         tl.store(scale_ptr + rows.to(tl.int64) * num_groups + group, scale, mask=rows < num_rows)
     q = tl.clamp(tl.div_rn(x, scale[:, None]), -fp8_max, fp8_max)
-    tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
+        q.to(q_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 @triton.jit
@@ -188,5 +198,7 @@ def per_group_quant_fp8_triton(
     x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] % group_size:
-        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
+        raise ValueError(
+            f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}"
+        )
     return _launch_quant(x, group_size, dtype)

@@ -46,7 +46,9 @@ def llama3_inv_freq(
     low_freq_wavelen = original_max_position / low_freq_factor
     high_freq_wavelen = original_max_position / high_freq_factor
     wavelen = 2 * math.pi / inv_freq
-    smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smooth = (original_max_position / wavelen - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
     smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     return torch.where(
         wavelen < high_freq_wavelen,
@@ -197,7 +199,9 @@ def _rotary_embedding_kernel(
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     pairs = tl.arange(0, HALF_P2)[None, :]
-    cos = tl.load(cache_ptr + pos * cache_stride + pairs, mask=pairs < HALF, other=0.0).to(tl.float32)
+    cos = tl.load(cache_ptr + pos * cache_stride + pairs, mask=pairs < HALF, other=0.0).to(
+        tl.float32
+    )
     sin = tl.load(cache_ptr + pos * cache_stride + HALF + pairs, mask=pairs < HALF, other=0.0).to(
         tl.float32
     )
@@ -235,7 +239,9 @@ def _token_rows(name: str, x: torch.Tensor, head_size: int) -> torch.Tensor:
     if rows.dim() != 2 or rows.stride(-1) != 1:
         rows = x.reshape(x.shape[0], -1).contiguous()
     if rows.shape[1] % head_size:
-        raise ValueError(f"rotary_embedding: {name} width {rows.shape[1]} is not a multiple of {head_size}")
+        raise ValueError(
+            f"rotary_embedding: {name} width {rows.shape[1]} is not a multiple of {head_size}"
+        )
     return rows
 
 
@@ -250,12 +256,16 @@ def rotary_embedding_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size:
-        raise ValueError(f"rotary_embedding: rotary_dim {rotary_dim} must be even and <= {head_size}")
+        raise ValueError(
+            f"rotary_embedding: rotary_dim {rotary_dim} must be even and <= {head_size}"
+        )
     if cos_sin_cache.stride(-1) != 1:
         cos_sin_cache = cos_sin_cache.contiguous()
     num_tokens = positions.numel()
     if q.shape[0] != num_tokens or k.shape[0] != num_tokens:
-        raise ValueError(f"rotary_embedding: {num_tokens} positions, q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(
+            f"rotary_embedding: {num_tokens} positions, q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
     q_rows, k_rows = _token_rows("q", q, head_size), _token_rows("k", k, head_size)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)

@@ -49,7 +49,11 @@ def _patch_interpreter() -> None:
 
     def rounded_convert_float(data, input_dtype, output_dtype, rounding_mode):
         src, dst = torch_types.get(input_dtype), torch_types.get(output_dtype)
-        if src is None or dst is None or rounding_mode not in (None, interpreter._ir.ROUNDING_MODE.RTNE):
+        if (
+            src is None
+            or dst is None
+            or rounding_mode not in (None, interpreter._ir.ROUNDING_MODE.RTNE)
+        ):
             return convert_float(data, input_dtype, output_dtype, rounding_mode)
         words = torch.from_numpy(np.ascontiguousarray(data)).view(src).to(dst)
         return words.view(getattr(torch, f"uint{output_dtype.primitive_bitwidth}")).numpy()
@@ -98,7 +102,9 @@ def sm_count(device: torch.device) -> int:
 
 def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
     if t.stride(-1) != 1:
-        raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}")
+        raise ValueError(
+            f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}"
+        )
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
