@@ -1,0 +1,101 @@
+"""Native vLLM vs vLLM+ATOM, same GPU, same run: offline throughput and bf16 correctness.
+
+    python benchmarks/e2e/bench_offline.py --out results.json qwen3-8b qwen3-30b-a3b
+
+For each model shape (benchmarks/models/NAME.json, dummy weights): one native engine
+(ATOM_DISABLE_VLLM_PLUGIN=1) and one ATOM engine, each in a fresh process, with vLLM's defaults
+(torch.compile + CUDA graphs); each runs the correctness probe (64 prompts x 128 greedy tokens,
+first-step top-20 logprobs) and the throughput workload (256 prompts x 1024 in / 128 out).
+Writes one JSON with both runs, agreement numbers and ratio = ATOM / native.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = os.path.join(HERE, "..", "models")
+
+
+def run_engine(config: str, atom: bool, out: str, extra: list[str]) -> dict:
+    env = {**os.environ}
+    if atom:
+        env.pop("ATOM_DISABLE_VLLM_PLUGIN", None)
+    else:
+        env["ATOM_DISABLE_VLLM_PLUGIN"] = "1"
+    cmd = [sys.executable, os.path.join(HERE, "engine_run.py"), "--config", config, "--out", out, *extra]
+    log_path = out + ".log"
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=int(os.environ.get("ATOM_BENCH_ENGINE_TIMEOUT", "900")))
+        except subprocess.TimeoutExpired:
+            return {"error": "timeout", "log_tail": open(log_path).read()[-4000:]}
+    if proc.returncode != 0:
+        tail = open(log_path).read()[-4000:]
+        return {"error": f"exit {proc.returncode}", "log_tail": tail}
+    result = json.load(open(out))
+    result["atom_log_lines"] = [line for line in open(log_path) if "INFO atom:" in line][:40]
+    return result
+
+
+def agreement(native: dict, atom: dict) -> dict:
+    a, b = native["correctness"], atom["correctness"]
+    exact = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
+    prefixes = []
+    for x, y in zip(a["tokens"], b["tokens"]):
+        n = 0
+        while n < min(len(x), len(y)) and x[n] == y[n]:
+            n += 1
+        prefixes.append(n)
+    diffs = []
+    for x, y in zip(a["first_logprobs"], b["first_logprobs"]):
+        common = set(x) & set(y)
+        diffs.extend(abs(x[t] - y[t]) for t in common)
+    first_token = sum(x[0] == y[0] for x, y in zip(a["tokens"], b["tokens"]))
+    return {
+        "prompts": len(a["tokens"]), "tokens_per_prompt": len(a["tokens"][0]),
+        "identical_sequences": exact, "first_token_agreement": first_token,
+        "mean_common_prefix": sum(prefixes) / len(prefixes),
+        "first_step_top20_logprob_max_abs_diff": max(diffs) if diffs else None,
+        "first_step_top20_logprob_mean_abs_diff": sum(diffs) / len(diffs) if diffs else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--extra", default="", help="extra engine_run.py arguments")
+    args = parser.parse_args()
+    import torch
+    import vllm
+
+    report = {"device": torch.cuda.get_device_name(), "vllm": vllm.__version__, "torch": torch.__version__,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "models": {}}
+    workdir = os.path.dirname(os.path.abspath(args.out))
+    for name in args.models:
+        config = os.path.join(MODELS, f"{name}.json")
+        runs = {}
+        for mode in ("native", "atom"):
+            out = os.path.join(workdir, f"run-{name}-{mode}.json")
+            runs[mode] = run_engine(config, mode == "atom", out, args.extra.split())
+            print(name, mode, {k: v for k, v in runs[mode].items() if k in ("throughput", "error")}, flush=True)
+        entry = {"native": runs["native"], "atom": runs["atom"]}
+        if "error" not in runs["native"] and "error" not in runs["atom"]:
+            entry["agreement"] = agreement(runs["native"], runs["atom"])
+            if "throughput" in runs["native"]:
+                entry["ratio"] = {k: runs["atom"]["throughput"][k] / runs["native"]["throughput"][k]
+                                  for k in ("output_tok_s", "total_tok_s")}
+            for run in runs.values():
+                run["correctness"] = {"first_tokens": [t[:8] for t in run["correctness"]["tokens"][:8]]}
+        report["models"][name] = entry
+        json.dump(report, open(args.out, "w"), indent=1)
+        print(name, json.dumps({k: entry.get(k) for k in ("ratio", "agreement")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""One vLLM engine in this process on a dummy-weight model: correctness probe, then throughput.
+
+Run in a fresh process per configuration (vLLM reads plugins and ATOM_* switches once per process):
+    python engine_run.py --config CONFIG.json --out RESULT.json [--eager] [--correctness N,L]
+        [--throughput N,IN,OUT]
+Prompts are random token ids with a fixed seed, so native and ATOM runs see the same inputs; dummy
+weights depend only on each parameter's shape (vLLM's dummy loader), so both see the same weights.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+
+
+def served_by(model) -> dict:
+    impls = sorted({type(m.impl).__module__ + "." + type(m.impl).__name__ for m in model.modules()
+                    if type(m).__name__ == "Attention" and hasattr(m, "impl")
+                    and type(m.impl).__name__.endswith("Impl")})
+    return {"model_class": type(model).__module__ + "." + type(model).__name__, "attention": impls}
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--correctness", default="64,128", help="prompts,new tokens ('' to skip)")
+    parser.add_argument("--throughput", default="256,1024,128", help="prompts,in,out ('' to skip)")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args = parser.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    model_dir = tempfile.mkdtemp(prefix="atom-bench-")
+    shutil.copy(args.config, os.path.join(model_dir, "config.json"))
+    config = json.load(open(args.config))
+    vocab = config["vocab_size"]
+    start = time.perf_counter()
+    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0,
+              gpu_memory_utilization=0.85)
+    result = {"config": os.path.basename(args.config), "eager": args.eager,
+              "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1",
+              "engine_start_s": time.perf_counter() - start,
+              "served_by": llm.apply_model(served_by)[0]}
+
+    if args.correctness:
+        count, new_tokens = map(int, args.correctness.split(","))
+        prompts = random_prompts(count, 64, vocab, seed=1)
+        params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True, logprobs=20,
+                                detokenize=False)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        result["correctness"] = {
+            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+            # First generated position: top-20 logprobs by token id.
+            "first_logprobs": [{str(t): lp.logprob for t, lp in o.outputs[0].logprobs[0].items()}
+                               for o in outputs],
+        }
+
+    if args.throughput:
+        count, in_len, out_len = map(int, args.throughput.split(","))
+        prompts = random_prompts(count, in_len, vocab, seed=2)
+        params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True, detokenize=False)
+        llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params, use_tqdm=False)  # warm-up
+        begin = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        elapsed = time.perf_counter() - begin
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        result["throughput"] = {
+            "prompts": count, "input_len": in_len, "output_len": out_len, "elapsed_s": elapsed,
+            "output_tok_s": generated / elapsed, "total_tok_s": (generated + count * in_len) / elapsed,
+        }
+    json.dump(result, open(args.out, "w"))
+    print("ENGINE_RUN", json.dumps({k: v for k, v in result.items() if k != "correctness"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
