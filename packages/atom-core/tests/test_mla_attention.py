@@ -170,3 +170,27 @@ def test_multi_token_prediction_layers_are_skipped(tiny_model_dir):
     loaded = model.load_weights(weights.items())
     assert loaded == {name for name, _ in model.named_parameters()}
     assert not any(torch.isnan(p).any() for p in model.parameters())
+
+
+def test_piecewise_compile_splits_at_every_latent_attention(tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """Under ATOM's torch.compile the latent attention is an opaque split point
+    (atom::unified_latent_attention), as the MHA attention is; compiled logits equal eager ones."""
+    from atom_core.config import CompilationLevel
+    from atom_core.log import logger
+    from test_compile import build, logits
+
+    monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path))
+    model_dir = tiny_model_dir("DeepseekV3ForCausalLM")
+    eager = build(model_dir, CompilationLevel.NO_COMPILATION)
+    compiled = build(model_dir, CompilationLevel.PIECEWISE)
+    logger.propagate = True
+    try:
+        with caplog.at_level("INFO", logger="atom"):
+            for seed, lengths in enumerate([[7, 1, 23, 12], [5, 9]]):
+                expected, got = logits(eager, lengths, seed), logits(compiled, lengths, seed)
+                rel = ((got - expected).norm() / expected.norm()).item()
+                assert rel <= 1e-5, f"lengths {lengths}: relative error {rel:.2e}"
+    finally:
+        logger.propagate = False
+    num_layers = len(compiled.model.layers)
+    assert f"{num_layers} attention split points, {num_layers + 1} compiled pieces" in caplog.text

@@ -55,7 +55,14 @@ def main() -> None:
             {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens or 0}
             for o in outputs
         ])
-    result = {"phases": phases, "served_by": llm.apply_model(describe_model)[0]}
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    result = {
+        "phases": phases,
+        "served_by": llm.apply_model(describe_model)[0],
+        # As the engine ran, after every platform adjustment.
+        "scheduler": {"enable_chunked_prefill": scheduler.enable_chunked_prefill,
+                      "max_num_batched_tokens": scheduler.max_num_batched_tokens},
+    }
     print(RESULT_MARKER + json.dumps(result), flush=True)
 
 

@@ -77,11 +77,16 @@ def absorb_q(spec: LatentAttentionSpec, q_nope: torch.Tensor) -> torch.Tensor:
     return torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
 
 
-def up_project_v(spec: LatentAttentionSpec, latent_out: torch.Tensor) -> torch.Tensor:
-    """Attention output over latents [T, H, L] -> values [T, H * V] (times W_UV^T)."""
+def up_project_v(spec: LatentAttentionSpec, latent_out: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention output over latents [T, H, L] -> values [T, H * V] (times W_UV^T), into ``out``
+    when given."""
     _, w_uv = spec.w_uk_w_uv()
-    out = torch.bmm(latent_out.transpose(0, 1), w_uv.transpose(1, 2))
-    return out.transpose(0, 1).reshape(latent_out.shape[0], spec.num_heads * spec.v_head_dim)
+    if out is None:
+        out = latent_out.new_empty(latent_out.shape[0], spec.num_heads * spec.v_head_dim)
+    heads_first = out.view(-1, spec.num_heads, spec.v_head_dim).transpose(0, 1)
+    torch.bmm(latent_out.transpose(0, 1), w_uv.transpose(1, 2), out=heads_first)
+    return out
 
 
 def expand_kv(spec: LatentAttentionSpec, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,14 +126,16 @@ def mla_decode(
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed form over the paged latent cache. q_latent [T, H, L + R] = [q_nope W_UK | rope(q_pe)]
-    (queries are the last tokens of their sequences). Returns [T, H * V]."""
-    out = atom_kernels.mla_decode(
+    (queries are the last tokens of their sequences). Returns [T, H * V], written into ``out`` when
+    given."""
+    latent_out = atom_kernels.mla_decode(
         q_latent, kv_cache, query_start_loc, seq_lens, block_table, spec.scale, spec.kv_lora_rank,
         max_seq_len=max_seq_len,
     )  # fmt: skip
-    return up_project_v(spec, out)
+    return up_project_v(spec, latent_out, out)
 
 
 def rope_and_cache(

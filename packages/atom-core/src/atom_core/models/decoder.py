@@ -15,11 +15,13 @@ from torch import nn
 
 from atom_core.compile import support_torch_compile
 from atom_core.config import Config
+from atom_core.distributed import get_tp_group
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import hf_rope_parameters
 from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import StackedWeight, WeightMap, load_weights
+from atom_core.log import logger
 
 # HF q/k/v and gate/up projections, fused into one GEMM each.
 STACKED_QKV_GATE_UP = [
@@ -45,6 +47,15 @@ def layer_sliding_window(hf: Any, layer_id: int) -> int | None:
     if layer_types is not None and layer_types[layer_id] != "sliding_attention":
         return None
     return getattr(hf, "sliding_window", None)
+
+
+def mtp_layer_patterns(hf: Any) -> list[str]:
+    """Checkpoint-name patterns of the ``num_nextn_predict_layers`` multi-token-prediction layers
+    that hub checkpoints (GLM-4.5, DeepSeek-V3) append after the last decoder layer. ATOM serves
+    the base model and skips them, as HF transformers does."""
+    num_mtp_layers = getattr(hf, "num_nextn_predict_layers", 0) or 0
+    first = hf.num_hidden_layers
+    return [rf"model\.layers\.{i}\..*" for i in range(first, first + num_mtp_layers)]
 
 
 def hf_self_attention(hf: Any, layer_id: int, prefix: str, **family_args: Any) -> DecoderSelfAttention:
@@ -123,6 +134,9 @@ class CausalLM(nn.Module):
         if getattr(hf, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
             self.weight_map.ignored.append(r"lm_head\.weight")
+        tp = get_tp_group()
+        logger.info("%s: TP rank %d of %d holds %d parameters", type(self).__name__, tp.rank,
+                    tp.world_size, sum(p.numel() for p in self.parameters()))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

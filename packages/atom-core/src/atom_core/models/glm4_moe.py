@@ -16,7 +16,13 @@ from atom_core.config import Config
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe import FusedMoE, SparseMoeBlock, TopKRouter
 from atom_core.loader import ExpertWeightNames, WeightMap
-from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer, hf_self_attention
+from atom_core.models.decoder import (
+    STACKED_QKV_GATE_UP,
+    CausalLM,
+    DecoderLayer,
+    hf_self_attention,
+    mtp_layer_patterns,
+)
 
 
 def glm4_moe_mlp(hf: Any, layer_id: int, prefix: str) -> nn.Module:
@@ -51,11 +57,9 @@ class Glm4MoeForCausalLM(CausalLM):
             return DecoderLayer(attention, glm4_moe_mlp(hf, layer_id, f"{layer_prefix}.mlp"),
                                 hf.hidden_size, hf.rms_norm_eps)
 
-        num_mtp_layers = getattr(hf, "num_nextn_predict_layers", 0) or 0
-        mtp_layers = range(hf.num_hidden_layers, hf.num_hidden_layers + num_mtp_layers)
         weight_map = WeightMap(
             stacked=list(STACKED_QKV_GATE_UP),
             experts=ExpertWeightNames(),
-            ignored=[rf"model\.layers\.{i}\..*" for i in mtp_layers],
+            ignored=mtp_layer_patterns(hf),
         )
         super().__init__(config, make_layer, weight_map, prefix)

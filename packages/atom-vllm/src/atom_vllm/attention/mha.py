@@ -29,6 +29,7 @@ from vllm.v1.attention.backend import (
 )
 
 import atom_kernels
+from atom_vllm.attention import decode_graph_support
 
 
 class ATOMAttentionBackend(AttentionBackend):
@@ -121,14 +122,7 @@ class ATOMAttentionMetadataBuilder(AttentionMetadataBuilder[ATOMAttentionMetadat
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
-        """Uniform decode batches can be captured whole when the decode kernel reads lengths and
-        block tables on the device only (the Triton/AITER kernels; not the torch reference)."""
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        backends = {atom_kernels.OPS[name].select(device_type)
-                    for name in ("paged_attention", "reshape_and_cache")}
-        if device_type == "cuda" and "torch" not in backends:
-            return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
-        return AttentionCGSupport.NEVER
+        return decode_graph_support(("paged_attention", "reshape_and_cache"))
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)

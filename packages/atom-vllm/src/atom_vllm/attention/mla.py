@@ -14,8 +14,9 @@ vLLM orders each batch [decodes | prefills] (reorder threshold 1). Per layer and
 
 - decodes (one new token): q_nope is absorbed through W_UK, one fused op rotates q_pe and k_pe and
   writes the cache, :func:`atom_kernels.mla_decode` attends over the latent cache, W_UV lifts the
-  result. This path runs inside full CUDA graphs (``UNIFORM_SINGLE_TOKEN_DECODE``): it reads only
-  vLLM's persistent metadata tensors and never syncs with the host.
+  result into vLLM's output buffer. This path runs inside full CUDA graphs
+  (``UNIFORM_SINGLE_TOKEN_DECODE``, on GPU kernels): it reads only vLLM's persistent metadata tensors
+  and, with the Triton or AITER kernels, never syncs with the host.
 - prefills (fresh prompts, chunked-prefill chunks, prefix-cache hits alike): the same fused op with
   the raw q_nope, then each sequence's whole latent context is gathered from the cache (its new
   tokens included) and expanded to per-head K/V for ordinary causal attention.
@@ -50,6 +51,7 @@ from atom_core.layers.mla import (
     mla_prefill,
     rope_and_cache,
 )
+from atom_vllm.attention import decode_graph_support
 
 
 class ATOMMLABackend(AttentionBackend):
@@ -81,10 +83,6 @@ class ATOMMLABackend(AttentionBackend):
     def is_mla(cls) -> bool:
         return True
 
-    @staticmethod
-    def use_cascade_attention(*args, **kwargs) -> bool:
-        return False
-
 
 @dataclass
 class ATOMMLAMetadata:
@@ -107,8 +105,11 @@ class ATOMMLAMetadata:
 
 
 class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     reorder_batch_threshold: int | None = 1
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        return decode_graph_support(("fused_qk_rope_concat_and_cache_mla", "mla_decode"))
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -159,6 +160,8 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
 
 
 class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
+    """One layer's MLA step: cache write and attention, decode absorbed, prefill expanded."""
+
     def __init__(self, spec: LatentAttentionSpec):
         self.spec = spec
         self.num_heads = spec.num_heads
@@ -180,9 +183,9 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
                 s, positions[:d], absorb_q(s, q[:d, :, :nope]), q[:d, :, nope:], kv_c[:d], k_pe[:d],
                 kv_cache, slots[:d],
             )  # fmt: skip
-            output[:d] = mla_decode(
+            mla_decode(
                 s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
-                m.block_table[: m.num_decodes], m.max_seq_len,
+                m.block_table[: m.num_decodes], m.max_seq_len, out=output[:d],
             )  # fmt: skip
         if m.num_prefills:
             q_full = rope_and_cache(

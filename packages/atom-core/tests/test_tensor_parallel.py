@@ -1,0 +1,99 @@
+"""Tensor parallelism: each family's model split over 2 and 4 CPU processes (gloo) gives TP=1's logits.
+
+Every rank builds the model under a TP group backed by torch.distributed, loads the full checkpoint
+(each layer keeps its own slice), and runs the same batch; rank 0 returns logits and every rank its
+parameter count. TP=4 puts fewer KV heads (2) than ranks, so KV heads are replicated; the vocab (499)
+splits unevenly. The vLLM-level TP=2 run is in atom-vllm's test_families_vllm.py.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from atom_core.distributed import SINGLE_RANK, TPGroup, set_tp_group
+from atom_core.layers.attention import standalone_batch
+from test_hf_parity import atom_model
+
+ARCHITECTURES = [
+    "LlamaForCausalLM",
+    "MixtralForCausalLM",
+    "Glm4MoeForCausalLM",
+    "GptOssForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+]
+LENGTHS = [7, 1, 23, 12]
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    input_ids = torch.randint(4, 499, (sum(LENGTHS),), generator=generator)
+    positions = torch.cat([torch.arange(n) for n in LENGTHS])
+    return input_ids, positions
+
+
+def logits_and_param_count(model_dir: str) -> tuple[torch.Tensor, int]:
+    model = atom_model(model_dir)
+    input_ids, positions = batch()
+    with torch.no_grad(), standalone_batch(LENGTHS):
+        logits = model.compute_logits(model(input_ids, positions))
+    return logits, sum(p.numel() for p in model.parameters())
+
+
+def gloo_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x)
+    return x
+
+
+def gloo_all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=dim)
+
+
+def tp_worker(rank: int, world_size: int, init_file: str, model_dirs: list[str], out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    set_tp_group(TPGroup(rank, world_size, gloo_all_reduce, gloo_all_gather))
+    results = {}
+    for model_dir in model_dirs:
+        logits, count = logits_and_param_count(model_dir)
+        results[model_dir] = (logits if rank == 0 else None, count)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    # No rank tears gloo down while another still talks to it (that aborts the process).
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tiny_model_dir):
+    return {arch: tiny_model_dir(arch) for arch in ARCHITECTURES}
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def tp_run(request, model_dirs, tmp_path_factory):
+    """Run all architectures once at this TP size; per rank: {model_dir: (logits | None, count)}."""
+    world_size = request.param
+    out_dir = tmp_path_factory.mktemp(f"tp{world_size}")
+    mp.spawn(tp_worker, args=(world_size, str(out_dir / "init"), list(model_dirs.values()), str(out_dir)),
+             nprocs=world_size, join=True)
+    return world_size, [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_tp_matches_single_rank(tp_run, model_dirs, architecture):
+    world_size, ranks = tp_run
+    model_dir = model_dirs[architecture]
+    set_tp_group(SINGLE_RANK)
+    expected, full_count = logits_and_param_count(model_dir)
+    logits = ranks[0][model_dir][0]
+    assert logits.shape == expected.shape
+    rel = (logits - expected).norm() / expected.norm()
+    assert rel < 1e-5, f"TP={world_size} vs TP=1: relative error {rel:.2e}"
+    # Each rank really holds a slice: far fewer parameters than the whole model.
+    for rank, result in enumerate(ranks):
+        held = result[model_dir][1]
+        assert held < 0.75 * full_count, f"rank {rank} holds {held} of {full_count} parameters"

@@ -1,0 +1,103 @@
+"""Llama, Mixtral, GLM-4-MoE and GPT-OSS through the real vLLM engine (CPU build), greedy, fp32.
+
+One tiny config per family exercises all its features (see atom_core.testing.tiny_models and
+atom-core's test_families.py): llama3 rope and biases; Mixtral's sliding window of 16 on every
+layer; GLM's partial rotary, QK-norm, shared expert, grouped sigmoid routing with correction bias;
+GPT-OSS's alternating window-8 / full layers, sinks, biased router and experts, clamped SwiGLU, yarn.
+
+Per family, one vLLM+ATOM run covers: 32 new tokens for prompts of 1 to 70 tokens, prefilled in
+16-token chunks next to running decodes (chunked prefill), then prompts that share a 48-token prefix
+with the first ones (prefix cache). It must equal HF transformers token for token, and so must
+vLLM's own implementation where it runs on CPU. GPT-OSS also runs at TP=2 (two CPU workers, gloo).
+"""
+
+import os
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from atom_core import Config
+from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
+from conftest import hf_greedy, run_vllm
+from test_vllm_parity import ATOM_IMPL, MAX_TOKENS, VLLM_CPU_IMPL, make_prompts, tokens_of
+
+pytestmark = pytest.mark.vllm
+
+ARCHITECTURES = ["LlamaForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"]
+CHUNKED = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
+# vLLM 0.26's CPU attention kernel takes sinks only in bf16 ("expected scalar type BFloat16 but found
+# Float" from cpu_attention_with_kv_cache), so its GPT-OSS cannot run the fp32 comparison; in bf16
+# neither it nor ATOM keeps HF's fp32 greedy tokens on a tiny random model (near-ties).
+NATIVE_UNAVAILABLE = {"GptOssForCausalLM": "vLLM's CPU attention needs bf16 sinks: no fp32 native run"}
+
+
+def wrapper_of(architecture: str) -> str:
+    moe = SUPPORTED_ARCHITECTURES[architecture].is_moe
+    return f"atom_vllm.model_wrapper.{'ATOMMoEForCausalLM' if moe else 'ATOMForCausalLM'}"
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def case(request, tiny_model_dir):
+    architecture = request.param
+    model = tiny_model_dir(architecture)
+    phase1, phase2 = make_prompts()
+    expected = hf_greedy(model, phase1 + phase2, MAX_TOKENS)
+    return architecture, model, [phase1, phase2], expected
+
+
+def test_atom_matches_hf_with_chunked_prefill_and_prefix_cache(case):
+    architecture, model, phases, expected = case
+    result = run_vllm(model, phases, MAX_TOKENS, llm_kwargs=CHUNKED)
+    assert result["scheduler"] == {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}
+    served = result["served_by"]
+    assert served["model_class"] == wrapper_of(architecture)
+    assert served["inner_class"] == f"{SUPPORTED_ARCHITECTURES[architecture].module}.{architecture}"
+    assert served["attention_impls"] == [ATOM_IMPL]
+    assert tokens_of(result) == expected
+    assert all(o["num_cached_tokens"] >= 32 for o in result["phases"][1])
+
+
+def test_native_vllm_matches_hf(case):
+    architecture, model, phases, expected = case
+    if architecture in NATIVE_UNAVAILABLE:
+        pytest.skip(NATIVE_UNAVAILABLE[architecture])
+    result = run_vllm(model, phases, MAX_TOKENS, env={"ATOM_DISABLE_VLLM_PLUGIN": "1"})
+    model_class = result["served_by"]["model_class"]
+    assert model_class.startswith("vllm.model_executor.models.") and model_class.endswith(architecture)
+    assert result["served_by"]["attention_impls"] == [VLLM_CPU_IMPL]
+    assert tokens_of(result) == expected
+
+
+def test_gpt_oss_tensor_parallel_2(tiny_model_dir):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("TP=2 on CPU needs two cores, one per worker")
+    architecture = "GptOssForCausalLM"
+    model = tiny_model_dir(architecture)
+    phase1, phase2 = make_prompts()
+    result = run_vllm(
+        model, [phase1, phase2], MAX_TOKENS,
+        # Each CPU worker binds its OpenMP threads to one core (vLLM's automatic binding wants one
+        # NUMA node per worker).
+        env={"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"},
+        llm_kwargs={"tensor_parallel_size": 2, "distributed_executor_backend": "mp", **CHUNKED},
+    )
+    assert result["served_by"]["model_class"] == wrapper_of(architecture)
+    assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
+    assert "backend=gloo" in result["log"]
+    assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
+    # Both workers built the ATOM model on their half: each holds well under the whole model.
+    full = sum(p.numel() for p in whole_model(model).parameters())
+    for rank in (0, 1):
+        marker = f"{architecture}: TP rank {rank} of 2 holds"
+        line = next(line for line in result["log"].splitlines() if marker in line)
+        held = int(line.rsplit("holds ", 1)[1].split()[0])
+        assert held < 0.75 * full, line
+
+
+def whole_model(model_dir: str):
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    return get_model_class(hf_config.architectures[0])(
+        Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32)
+    )

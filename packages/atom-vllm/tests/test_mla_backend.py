@@ -1,0 +1,134 @@
+"""ATOM's MLA backend for vLLM, without running the engine: metadata of mixed batches, CUDA-graph
+capture metadata, the cache layout, and which backend ATOMPlatform picks for MLA layers."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
+from vllm.v1.attention.selector import AttentionSelectorConfig
+
+import atom_kernels
+from atom_vllm.attention.mla import ATOMMLABackend, ATOMMLAMetadataBuilder
+from atom_vllm.platform import ATOMPlatform
+from atom_vllm.register import MLA_BACKEND
+
+
+def common_metadata(query_lens: list[int], seq_lens: list[int]) -> CommonAttentionMetadata:
+    query_start_loc = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=query_start_loc,
+        query_start_loc_cpu=query_start_loc,
+        seq_lens=seq_lens_t,
+        num_reqs=len(query_lens),
+        num_actual_tokens=sum(query_lens),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=torch.arange(len(query_lens) * 4, dtype=torch.int32).view(-1, 4),
+        slot_mapping=torch.arange(sum(query_lens)),
+        seq_lens_cpu_upper_bound=seq_lens_t,
+    )
+
+
+def builder() -> ATOMMLAMetadataBuilder:
+    return ATOMMLAMetadataBuilder(None, ["layer"], None, torch.device("cpu"))
+
+
+def test_mixed_batch_splits_decodes_from_prefills_and_lists_their_contexts():
+    # [2 decodes | an extend of 3 tokens over 7 cached | a fresh 4-token prompt]
+    m = builder().build(0, common_metadata([1, 1, 3, 4], [9, 2, 10, 4]))
+    assert (m.num_decodes, m.num_decode_tokens, m.num_prefills) == (2, 2, 2)
+    assert m.decode_query_start_loc.tolist() == [0, 1, 2]
+    assert m.decode_seq_lens.tolist() == [9, 2]
+    assert m.prefill_query_start_loc.tolist() == [0, 3, 7]
+    assert m.prefill_context_start_loc.tolist() == [0, 10, 14]
+    assert m.context_requests.tolist() == [2] * 10 + [3] * 4
+    assert m.context_positions.tolist() == list(range(10)) + list(range(4))
+
+
+def test_decode_only_batch_has_no_prefill_metadata():
+    m = builder().build(0, common_metadata([1, 1, 1], [5, 17, 2]))
+    assert (m.num_decodes, m.num_prefills) == (3, 0)
+    assert m.context_requests is None
+
+
+def test_decode_graphs_need_capture_safe_gpu_kernels(monkeypatch):
+    support = lambda: ATOMMLAMetadataBuilder.get_cudagraph_support(None, None)  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert support() == AttentionCGSupport.NEVER
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("ATOM_KERNEL_BACKEND", "ATOM_KERNEL_BACKEND_MLA_DECODE"):
+        monkeypatch.delenv(name, raising=False)
+    atom_kernels.reset_selection()
+    try:
+        assert support() == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE  # Triton on CUDA
+        monkeypatch.setenv("ATOM_KERNEL_BACKEND_MLA_DECODE", "torch")
+        atom_kernels.reset_selection()
+        assert support() == AttentionCGSupport.NEVER
+    finally:
+        monkeypatch.delenv("ATOM_KERNEL_BACKEND_MLA_DECODE")
+        atom_kernels.reset_selection()
+
+
+def test_cuda_graph_capture_is_for_single_token_decode_batches():
+    # Capture batches are dummies whose sequences may be a single token long: still decodes.
+    m = builder().build_for_cudagraph_capture(common_metadata([1, 1, 1, 1], [1, 1, 1, 1]))
+    assert (m.num_decodes, m.num_decode_tokens, m.num_prefills) == (4, 4, 0)
+    with pytest.raises(ValueError, match="single-token decode"):
+        builder().build_for_cudagraph_capture(common_metadata([1, 3], [5, 3]))
+
+
+def test_cascade_attention_is_refused():
+    with pytest.raises(NotImplementedError):
+        builder().build(16, common_metadata([1], [20]))
+
+
+def test_latent_cache_layout():
+    assert ATOMMLABackend.is_mla()
+    assert ATOMMLABackend.get_kv_cache_shape(10, 16, 1, 576) == (10, 16, 576)
+
+
+def mla_selector(**overrides) -> AttentionSelectorConfig:
+    settings = dict(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=True)
+    return AttentionSelectorConfig(**{**settings, **overrides})
+
+
+@pytest.fixture
+def serving(monkeypatch):
+    """serving(architecture): make the current vLLM config one whose model has ``architecture``."""
+    monkeypatch.delenv("ATOM_DISABLE_VLLM_PLUGIN_ATTENTION", raising=False)
+
+    def set_architecture(architecture: str) -> None:
+        config = SimpleNamespace(model_config=SimpleNamespace(architectures=[architecture]))
+        monkeypatch.setattr("vllm.config.get_current_vllm_config", lambda: config)
+
+    return set_architecture
+
+
+@pytest.mark.parametrize("architecture", ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"])
+def test_platform_picks_atom_mla_for_atom_models(serving, architecture):
+    serving(architecture)
+    assert ATOMPlatform.get_attn_backend_cls(None, mla_selector()) == MLA_BACKEND
+
+
+@pytest.mark.parametrize("overrides", [{"kv_cache_dtype": "fp8"}, {"use_sparse": True}], ids=["fp8-cache", "sparse"])
+def test_platform_leaves_unsupported_mla_to_vllm(serving, overrides):
+    # vLLM's CPU platform then refuses MLA itself: proof that ATOM deferred.
+    serving("DeepseekV3ForCausalLM")
+    with pytest.raises(NotImplementedError, match="not supported on CPU"):
+        ATOMPlatform.get_attn_backend_cls(None, mla_selector(**overrides))
+
+
+def test_platform_leaves_mla_of_models_atom_does_not_implement_to_vllm(serving):
+    # Their MLA layers are vLLM's own MLAAttention, which cannot run ATOM's impl.
+    serving("KimiLinearForCausalLM")
+    with pytest.raises(NotImplementedError, match="MLA is not supported on CPU"):
+        ATOMPlatform.get_attn_backend_cls(None, mla_selector())
+
+
+def test_platform_leaves_mla_to_vllm_when_atom_attention_is_disabled(serving, monkeypatch):
+    serving("DeepseekV2ForCausalLM")
+    monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN_ATTENTION", "1")
+    with pytest.raises(NotImplementedError, match="MLA is not supported on CPU"):
+        ATOMPlatform.get_attn_backend_cls(None, mla_selector())
