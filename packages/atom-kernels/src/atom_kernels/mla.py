@@ -270,11 +270,13 @@ def _fused_qk_rope_concat_and_cache_mla_kernel(
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
         if slot >= 0:
             dst = kv_cache_ptr + (slot // block_size) * cache_block_stride + (slot % block_size) * cache_slot_stride
+            # Names distinct from the 2-D q loop's: Triton rejects a variable whose shape changes
+            # inside an `if` (seen on an H200: "dims redefined").
             for start in tl.static_range(0, RANK, CHUNK):
-                dims = start + tl.arange(0, CHUNK)
-                mask = dims < RANK
-                x = tl.load(kv_c_ptr + token * kv_c_stride + dims, mask=mask)
-                tl.store(dst + dims, x.to(kv_cache_ptr.dtype.element_ty), mask=mask)
+                rank_dims = start + tl.arange(0, CHUNK)
+                rank_mask = rank_dims < RANK
+                latent = tl.load(kv_c_ptr + token * kv_c_stride + rank_dims, mask=rank_mask)
+                tl.store(dst + rank_dims, latent.to(kv_cache_ptr.dtype.element_ty), mask=rank_mask)
             one_row = tl.arange(0, 1)[:, None]
             _rotate_rows(
                 k_pe_ptr + token * k_pe_stride,
