@@ -3,8 +3,9 @@
 # (real SGLang 0.5.17, CPU engine). GPU tests skip cleanly without a GPU.
 source "$(dirname "$0")/common.sh"
 sync_vllm_env
-.venv/bin/pytest -q packages/atom-kernels/tests packages/atom-core/tests packages/atom-vllm/tests "$@"
-if [ -d packages/atom-sglang/tests ]; then
-    sync_sglang_env
-    SGLANG_USE_CPU_ENGINE=1 .venv-sglang/bin/pytest -q packages/atom-sglang/tests "$@"
-fi
+# The kernel suite runs Triton through its interpreter (TRITON_INTERPRET=1 for the whole process),
+# so it gets a process of its own: the model and engine tests use the normal backend selection.
+.venv/bin/pytest -q packages/atom-kernels/tests "$@"
+.venv/bin/pytest -q packages/atom-core/tests packages/atom-vllm/tests "$@"
+sync_sglang_env
+.venv-sglang/bin/pytest -q packages/atom-sglang/tests "$@"

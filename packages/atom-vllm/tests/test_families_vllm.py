@@ -19,7 +19,7 @@ from transformers import AutoConfig
 
 from atom_core import Config
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
-from conftest import hf_greedy, run_vllm
+from vllm_testing import hf_greedy, run_vllm
 from test_vllm_parity import ATOM_IMPL, MAX_TOKENS, VLLM_CPU_IMPL, make_prompts, tokens_of
 
 pytestmark = pytest.mark.vllm

@@ -8,7 +8,7 @@ Prompts, lengths and the shared-prefix second phase are test_vllm_parity's.
 
 import pytest
 
-from conftest import hf_greedy, run_vllm
+from vllm_testing import hf_greedy, run_vllm
 from test_vllm_parity import MAX_TOKENS, make_prompts, tokens_of
 
 pytestmark = pytest.mark.vllm

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import hf_greedy, run_vllm
+from vllm_testing import hf_greedy, run_vllm
 from test_vllm_parity import MAX_TOKENS, make_prompts
 
 pytestmark = pytest.mark.vllm

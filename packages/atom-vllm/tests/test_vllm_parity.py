@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from conftest import hf_greedy, run_vllm
+from vllm_testing import hf_greedy, run_vllm
 
 pytestmark = pytest.mark.vllm
 

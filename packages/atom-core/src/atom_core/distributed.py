@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -18,6 +19,17 @@ class TPGroup:
     world_size: int
     all_reduce: Callable[[torch.Tensor], torch.Tensor]
     all_gather: Callable[[torch.Tensor, int], torch.Tensor]  # (tensor, dim) -> gathered
+
+    @classmethod
+    def from_host(cls, distributed: ModuleType) -> "TPGroup":
+        """The TP group of a host's ``distributed`` module (``vllm.distributed``,
+        ``sglang.srt.distributed``: both expose the same tensor-model-parallel functions)."""
+        return cls(
+            rank=distributed.get_tensor_model_parallel_rank(),
+            world_size=distributed.get_tensor_model_parallel_world_size(),
+            all_reduce=distributed.tensor_model_parallel_all_reduce,
+            all_gather=lambda x, dim: distributed.tensor_model_parallel_all_gather(x, dim),
+        )
 
 
 def _identity_all_reduce(x: torch.Tensor) -> torch.Tensor:

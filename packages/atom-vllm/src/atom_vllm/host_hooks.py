@@ -3,7 +3,6 @@ atom_core.layers.attention / atom_core.layers.mla)."""
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from atom_core.compile import set_piece_wrapper
@@ -39,12 +38,6 @@ def vllm_latent_attention(spec: LatentAttentionSpec) -> nn.Module:
     return ATOMMLAAttention(spec)
 
 
-def _all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
-    from vllm.distributed import tensor_model_parallel_all_gather
-
-    return tensor_model_parallel_all_gather(x, dim)
-
-
 def vllm_piecewise_cudagraph_wrapper(vllm_config):
     """Wrap each of ATOM's compiled pieces in vLLM's static-graph wrapper (PIECEWISE), as vLLM does
     for its own compiled models: vLLM then captures and replays the pieces per batch size, and
@@ -72,20 +65,9 @@ def vllm_piecewise_cudagraph_wrapper(vllm_config):
 
 
 def install_vllm_hooks(vllm_config) -> None:
-    from vllm.distributed import (
-        get_tensor_model_parallel_rank,
-        get_tensor_model_parallel_world_size,
-        tensor_model_parallel_all_reduce,
-    )
+    import vllm.distributed
 
-    set_tp_group(
-        TPGroup(
-            rank=get_tensor_model_parallel_rank(),
-            world_size=get_tensor_model_parallel_world_size(),
-            all_reduce=tensor_model_parallel_all_reduce,
-            all_gather=_all_gather,
-        )
-    )
+    set_tp_group(TPGroup.from_host(vllm.distributed))
     set_attention_factory(vllm_attention)
     set_piece_wrapper(vllm_piecewise_cudagraph_wrapper(vllm_config))
     set_latent_attention_factory(vllm_latent_attention)
