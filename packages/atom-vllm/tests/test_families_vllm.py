@@ -16,9 +16,15 @@ import os
 import pytest
 import torch
 from transformers import AutoConfig
+from vllm.config import set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 from atom_core import Config
+from atom_core.layers.attention import get_attention_factory, set_attention_factory
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
+from atom_vllm.attention.mha import ATOMAttentionImpl
+from atom_vllm.host_hooks import vllm_attention
 from vllm_testing import hf_greedy, run_vllm
 from test_vllm_parity import ATOM_IMPL, MAX_TOKENS, VLLM_CPU_IMPL, make_prompts, tokens_of
 
@@ -101,3 +107,33 @@ def whole_model(model_dir: str):
     return get_model_class(hf_config.architectures[0])(
         Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32)
     )
+
+
+@pytest.mark.parametrize("architecture,windows", [
+    ("GptOssForCausalLM", [8, None, 8]),
+    ("MixtralForCausalLM", [16, 16, 16]),
+])
+def test_vllm_gets_windows_and_sinks_per_layer(tiny_model_dir, architecture, windows):
+    """Without running the engine: the vLLM attention layers built from ATOM's specs carry each
+    layer's window (so vLLM's KV-cache spec is SlidingWindowSpec there, FullAttentionSpec elsewhere,
+    and its allocator frees blocks that left the window) and hand ATOM's sinks to ATOM's impl."""
+    model_dir = tiny_model_dir(architecture)
+    vllm_config = EngineArgs(model=model_dir, dtype="float32", max_model_len=256, block_size=16,
+                             enforce_eager=True).create_engine_config()
+    previous = get_attention_factory()
+    set_attention_factory(vllm_attention)
+    try:
+        with set_current_vllm_config(vllm_config):
+            model = whole_model(model_dir)
+            layers = [(layer.self_attn, layer.self_attn.attn.impl) for layer in model.model.layers]
+            specs = [vllm_layer.get_kv_cache_spec(vllm_config) for _, vllm_layer in layers]
+    finally:
+        set_attention_factory(previous)
+    for (atom_attention, vllm_layer), spec, window in zip(layers, specs, windows):
+        assert isinstance(vllm_layer.impl, ATOMAttentionImpl)
+        assert vllm_layer.impl.sliding_window == window
+        assert vllm_layer.impl.sinks is atom_attention.sinks  # None for Mixtral
+        if window is None:
+            assert type(spec) is FullAttentionSpec
+        else:
+            assert isinstance(spec, SlidingWindowSpec) and spec.sliding_window == window
