@@ -5,21 +5,24 @@ prompts that share 40 and 24 tokens with a phase-1 prompt (radix-cache hits, so 
 reads cached K/V from SGLang's pool) with unrelated ones. 16-token chunked prefill with mixed chunks:
 the 49-token prompt is prefilled in chunks while other requests decode in the same batch.
 
-Two SGLang processes serve every model: one with ATOM active and no attention flag (ATOM's model
-classes and ATOM's attention backend by default; then once more with SGLang's torch_native backend
-under ATOM's model), one with ATOM_DISABLE_SGLANG_PLUGIN=1. Their logs show which classes served.
+SGLang processes, all at once: ATOM active and no attention flag (ATOM's model classes and, by
+default, ATOM's attention backend; then Qwen3 once more on SGLang's torch_native backend under
+ATOM's model); the same for further families, checked against HF only; ATOM_DISABLE_SGLANG_PLUGIN=1
+for the parity families. Their logs show which classes served.
 """
 
 import random
 
 import pytest
 
-from conftest import parity_architectures
-from sglang_testing import hf_greedy, run_sglang
+from atom_core.testing.reference import hf_greedy
+from conftest import TINY_OVERRIDES, atom_only_architectures, parity_architectures
+from sglang_testing import run_sglang
 
 pytestmark = pytest.mark.sglang
 
 ARCHITECTURES = parity_architectures()
+ATOM_ONLY = atom_only_architectures()
 MAX_TOKENS = 32
 ENGINE_KWARGS = {"chunked_prefill_size": 16, "enable_mixed_chunk": True}
 
@@ -39,21 +42,29 @@ def run_spec(model: str, **engine_kwargs) -> dict:
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_models) -> dict[str, list[list[int]]]:
-    prompts = [p for phase in make_phases() for p in phase]
-    return {arch: hf_greedy(model, prompts, MAX_TOKENS) for arch, model in tiny_models.items()}
+def tiny_model(tiny_model_dir):
+    return lambda arch: tiny_model_dir(arch, **TINY_OVERRIDES.get(arch, {}))
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_models) -> dict[str, dict[str, dict]]:
-    """``atom``: ATOM active, each architecture with SGLang's defaults, then Qwen3 on SGLang's
+def expected(tiny_model) -> dict[str, list[list[int]]]:
+    prompts = [p for phase in make_phases() for p in phase]
+    return {arch: hf_greedy(tiny_model(arch), prompts, MAX_TOKENS) for arch in ARCHITECTURES + ATOM_ONLY}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model) -> dict[str, dict[str, dict]]:
+    """``atom``: ATOM active, each architecture with SGLang's defaults, and Qwen3 on SGLang's
     torch_native attention. ``native``: ATOM_DISABLE_SGLANG_PLUGIN=1."""
-    atom_runs = [run_spec(tiny_models[arch]) for arch in ARCHITECTURES]
-    atom_runs.append(run_spec(tiny_models["Qwen3ForCausalLM"], attention_backend="torch_native"))
-    native_runs = [run_spec(tiny_models[arch]) for arch in ARCHITECTURES]
-    atom, native = run_sglang((atom_runs, {}), (native_runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
+    atom_runs = [run_spec(tiny_model(arch)) for arch in ARCHITECTURES]
+    atom_runs.append(run_spec(tiny_model("Qwen3ForCausalLM"), attention_backend="torch_native"))
+    more_runs = [run_spec(tiny_model(arch)) for arch in ATOM_ONLY]
+    native_runs = [run_spec(tiny_model(arch)) for arch in ARCHITECTURES]
+    atom, more, native = run_sglang((atom_runs, {}), (more_runs, {}),
+                                    (native_runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
     return {
-        "atom": {**dict(zip(ARCHITECTURES, atom)), "Qwen3ForCausalLM+torch_native": atom[-1]},
+        "atom": {**dict(zip(ARCHITECTURES + ATOM_ONLY, atom[:-1] + more)),
+                 "Qwen3ForCausalLM+torch_native": atom[-1]},
         "native": dict(zip(ARCHITECTURES, native)),
     }
 
@@ -84,6 +95,19 @@ def test_native_sglang_matches_hf(runs, expected, architecture):
     result = runs["native"][architecture]
     assert "INFO atom:" not in result["log"]
     assert result["attention_backend"] == "torch_native"
+    assert tokens_of(result) == expected[architecture]
+    cached = [o["cached_tokens"] for o in result["phases"][1]]
+    assert cached[0] >= 40 and cached[1] >= 24, cached
+
+
+@pytest.mark.parametrize("architecture", ATOM_ONLY)
+def test_more_families_match_hf(runs, expected, architecture):
+    """Mixtral: sliding window through ATOM's backend. DeepSeek-V3: ATOM's MLA in the absorbed form
+    over SGLang's latent KV pool, on SGLang's attention (ATOM's backend has no MLA path)."""
+    result = runs["atom"][architecture]
+    assert_atom_model_served(result, architecture)
+    mla = architecture.startswith("Deepseek")
+    assert result["attention_backend"] == ("torch_native" if mla else "atom")
     assert tokens_of(result) == expected[architecture]
     cached = [o["cached_tokens"] for o in result["phases"][1]]
     assert cached[0] >= 40 and cached[1] >= 24, cached

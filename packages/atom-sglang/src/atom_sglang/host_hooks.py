@@ -1,9 +1,10 @@
-"""Plug SGLang's TP group and attention layer into atom-core (see atom_core.distributed/attention).
+"""Plug SGLang's TP group and attention layers into atom-core (see atom_core.distributed,
+atom_core.layers.attention and atom_core.layers.mla).
 
-ATOM's attention front-end calls ``impl(q, k, v)``; SGLang's ``RadixAttention`` also needs the
-``ForwardBatch``. The model wrapper binds the batch of the running forward in a context variable
-(:func:`bind_forward_batch`) and :class:`RadixAttentionImpl` reads it there, so atom-core's model
-code stays free of SGLang types.
+ATOM's attention front-ends call ``impl(q, k, v)`` (MHA/GQA) and ``impl(positions, q, kv_c, k_pe)``
+(MLA); SGLang's ``RadixAttention`` also needs the ``ForwardBatch``. The model wrapper binds the batch
+of the running forward in a context variable (:func:`bind_forward_batch`) and the impls read it
+there, so atom-core's model code stays free of SGLang types.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from atom_core.distributed import TPGroup, set_tp_group
 from atom_core.layers.attention import AttentionSpec, set_attention_factory
+from atom_core.layers.mla import LatentAttentionSpec, absorb_q, set_latent_attention_factory, up_project_v
 from atom_sglang.attention.window import to_sglang_window
 
 if TYPE_CHECKING:
@@ -69,25 +71,41 @@ class RadixAttentionImpl(nn.Module):
         return self.attn(q, k, v, current_forward_batch(), **extra)
 
 
-def _all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
-    from sglang.srt.distributed import tensor_model_parallel_all_gather
+class RadixLatentAttentionImpl(nn.Module):
+    """ATOM's MLA over SGLang's MLA KV pool, in the absorbed form for every batch: one shared
+    latent "KV head" ``[kv_c | rope(k_pe)]`` of kv_lora_rank + rope dims whose first kv_lora_rank
+    channels are the values, queries ``[q_nope W_UK | rope(q_pe)]``, output lifted by W_UV. SGLang's
+    pool stores exactly that latent per token; SGLang's MLA-capable backends run the attention."""
 
-    return tensor_model_parallel_all_gather(x, dim)
+    def __init__(self, spec: LatentAttentionSpec):
+        super().__init__()
+        from sglang.srt.layers.radix_attention import RadixAttention
+
+        self.attn = RadixAttention(
+            spec.num_heads,
+            spec.latent_dim,
+            spec.scale,
+            1,
+            spec.layer_id,
+            v_head_dim=spec.kv_lora_rank,
+            prefix=spec.prefix,
+        )
+        # The spec, not its modules: kv_b_proj and rotary_emb belong to the model's MLA block.
+        self.spec = spec
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
+                k_pe: torch.Tensor) -> torch.Tensor:
+        s = self.spec
+        q_pe, k_pe = s.rotary_emb(positions, q[..., s.qk_nope_head_dim :], k_pe)
+        q_latent = torch.cat([absorb_q(s, q[..., : s.qk_nope_head_dim]), q_pe], dim=-1)
+        out = self.attn(q_latent.reshape(q.shape[0], -1), torch.cat([kv_c, k_pe], dim=-1), kv_c,
+                        current_forward_batch())
+        return up_project_v(s, out.view(q.shape[0], s.num_heads, s.kv_lora_rank))
 
 
 def install_sglang_hooks() -> None:
-    from sglang.srt.distributed import (
-        get_tensor_model_parallel_rank,
-        get_tensor_model_parallel_world_size,
-        tensor_model_parallel_all_reduce,
-    )
+    import sglang.srt.distributed
 
-    set_tp_group(
-        TPGroup(
-            rank=get_tensor_model_parallel_rank(),
-            world_size=get_tensor_model_parallel_world_size(),
-            all_reduce=tensor_model_parallel_all_reduce,
-            all_gather=_all_gather,
-        )
-    )
+    set_tp_group(TPGroup.from_host(sglang.srt.distributed))
     set_attention_factory(RadixAttentionImpl)
+    set_latent_attention_factory(RadixLatentAttentionImpl)

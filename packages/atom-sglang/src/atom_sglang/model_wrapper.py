@@ -39,7 +39,7 @@ class ATOMForCausalLM(nn.Module):
                 "this checkpoint with SGLang's own model"
             )
         server_args = get_global_server_args()
-        self.config = config
+        self.config = config  # SGLang's model convention (its loader and LoRA read model.config)
         self.atom_config = atom_config_from_sglang(
             server_args, server_args.get_model_config(), config, get_tensor_model_parallel_rank()
         )

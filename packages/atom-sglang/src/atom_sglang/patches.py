@@ -30,13 +30,16 @@ from atom_sglang.attention import BACKEND_NAME
 
 
 def atom_serves_attention(model_config: Any, use_mla_backend: bool) -> bool:
-    """Whether ATOM's attention backend should be this model's default."""
+    """Whether ATOM's attention backend should be this model's default: ATOM serves the
+    architecture, and SGLang gives it the plain MHA KV pool (not MLA's latent pool, not the hybrid
+    sliding-window pool of e.g. GPT-OSS) that the backend runs on."""
     from atom_core.models import SUPPORTED_ARCHITECTURES
 
     architectures = getattr(model_config.hf_config, "architectures", None) or []
     return (
         not envs.attention_disabled()
         and not use_mla_backend
+        and not model_config.is_hybrid_swa
         and bool(architectures)
         and architectures[0] in SUPPORTED_ARCHITECTURES
     )

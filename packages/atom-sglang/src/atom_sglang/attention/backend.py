@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
+
 @dataclass
 class ATOMAttentionMetadata:
     query_start_loc: torch.Tensor  # [batch + 1] int32: where each sequence's new tokens start
@@ -108,9 +109,13 @@ class ATOMAttentionBackend(AttentionBackend):
         batch = forward_batch.batch_size
         buffers = self.graph_buffers
         buffers.seq_lens[:batch].copy_(forward_batch.seq_lens[:batch])
-        buffers.block_table[:batch].copy_(
-            self.block_table(forward_batch.req_pool_indices[:batch], self.req_to_token_pool.req_to_token.shape[1])
-        )
+        # Only the pages the longest sequence uses when SGLang says how long that is: the kernels
+        # never read past a sequence's length. (Replays may come without host-side lengths.)
+        max_tokens = self.req_to_token_pool.req_to_token.shape[1]
+        if forward_batch.seq_lens_cpu is not None:
+            max_tokens = int(forward_batch.seq_lens_cpu[:batch].max())
+        table = self.block_table(forward_batch.req_pool_indices[:batch], max_tokens)
+        buffers.block_table[:batch, : table.shape[1]].copy_(table)
         self.forward_metadata = ATOMAttentionMetadata(
             query_start_loc=buffers.query_start_loc[: batch + 1],
             seq_lens=buffers.seq_lens[:batch],

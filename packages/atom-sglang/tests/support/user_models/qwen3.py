@@ -1,0 +1,8 @@
+from torch import nn
+
+
+class Qwen3ForCausalLM(nn.Module):
+    pass
+
+
+EntryClass = Qwen3ForCausalLM

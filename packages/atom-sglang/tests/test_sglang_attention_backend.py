@@ -1,0 +1,161 @@
+"""The ``atom`` attention backend against SGLang's torch_native backend, layer by layer.
+
+Real SGLang pools (``MHATokenToKVPool``, ``ReqToTokenPool``) and ``RadixAttention`` layers, a
+hand-built ForwardBatch; no engine. Three requests go through prefill, an extend over their cached
+prefix, a mixed batch and decode steps, with page sizes 1 and 4 (pages scattered through the pool),
+full and sliding-window attention and GQA. Both backends get the same inputs and separate pools.
+"""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.sglang
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE = 4, 2, 32
+POOL_SLOTS, MAX_CONTEXT = 256, 64
+
+
+class Harness:
+    """Two identical pool pairs, request bookkeeping and ForwardBatch construction."""
+
+    def __init__(self, page_size: int):
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+        self.page_size = page_size
+        self.runners = []
+        for _ in range(2):
+            kv = MHATokenToKVPool(POOL_SLOTS, page_size, torch.float32, NUM_KV_HEADS, HEAD_SIZE, 1, "cpu",
+                                  False)
+            req = ReqToTokenPool(4, MAX_CONTEXT, "cpu", False)
+            self.runners.append(SimpleNamespace(device="cpu", page_size=page_size, token_to_kv_pool=kv,
+                                                req_to_token_pool=req, use_mla_backend=False,
+                                                server_args=SimpleNamespace(kv_cache_dtype="auto")))
+        # Each request owns whole pages, scattered through the pool (page 0 stays unused, as in SGLang).
+        pages = list(range(1, POOL_SLOTS // page_size))
+        random.Random(page_size).shuffle(pages)
+        per_request = MAX_CONTEXT // page_size
+        self.pages = {r: pages[(r - 1) * per_request:r * per_request] for r in range(1, 4)}
+        self.lens = {r: 0 for r in self.pages}
+
+    def slots(self, request: int, start: int, end: int) -> list[int]:
+        return [self.pages[request][t // self.page_size] * self.page_size + t % self.page_size
+                for t in range(start, end)]
+
+    def batch(self, new_tokens: dict[int, int]):
+        """ForwardBatch for appending ``new_tokens[r]`` tokens to each request r."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        requests = list(new_tokens)
+        prefix = [self.lens[r] for r in requests]
+        extend = [new_tokens[r] for r in requests]
+        out_cache_loc = []
+        for r, p, n in zip(requests, prefix, extend):
+            out_cache_loc += self.slots(r, p, p + n)
+            self.lens[r] = p + n
+            for runner in self.runners:
+                runner.req_to_token_pool.req_to_token[r, : p + n] = torch.tensor(self.slots(r, 0, p + n))
+        seq_lens = [p + n for p, n in zip(prefix, extend)]
+        decode = all(n == 1 for n in extend) and all(prefix)
+        mode = ForwardMode.DECODE if decode else (ForwardMode.MIXED if any(n == 1 for n in extend)
+                                                   else ForwardMode.EXTEND)
+        tensor = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        return SimpleNamespace(
+            forward_mode=mode, batch_size=len(requests), req_pool_indices=tensor(requests),
+            seq_lens=tensor(seq_lens), seq_lens_cpu=tensor(seq_lens), out_cache_loc=tensor(out_cache_loc),
+            extend_seq_lens=None if decode else tensor(extend),
+            extend_prefix_lens=None if decode else tensor(prefix),
+            extend_prefix_lens_cpu=None if decode else prefix, encoder_lens=None, spec_info=None,
+        )
+
+
+def radix_layer(sliding_window_size: int):
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    return RadixAttention(NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, 0,
+                          sliding_window_size=sliding_window_size)
+
+
+def run_step(harness, backends, layer, forward_batch, generator):
+    tokens = int(forward_batch.out_cache_loc.shape[0])
+    q = torch.randn(tokens, NUM_HEADS * HEAD_SIZE, generator=generator)
+    k = torch.randn(tokens, NUM_KV_HEADS * HEAD_SIZE, generator=generator)
+    v = torch.randn(tokens, NUM_KV_HEADS * HEAD_SIZE, generator=generator)
+    outs = []
+    for backend in backends:
+        backend.init_forward_metadata(forward_batch)
+        outs.append(backend.forward(q, k.view(-1, NUM_KV_HEADS, HEAD_SIZE), v.view(-1, NUM_KV_HEADS, HEAD_SIZE),
+                                    layer, forward_batch))
+    return outs
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("sliding_window_size", [-1, 7])
+def test_atom_backend_matches_torch_native(page_size, sliding_window_size):
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    from atom_sglang.attention.backend import ATOMAttentionBackend
+
+    harness = Harness(page_size)
+    atom = ATOMAttentionBackend(harness.runners[0])
+    native = TorchNativeAttnBackend(harness.runners[1])
+    layer = radix_layer(sliding_window_size)
+    generator = torch.Generator().manual_seed(0)
+    steps = [
+        ({1: 5, 2: 13, 3: 1}, "fresh prefill"),
+        ({1: 9, 2: 3}, "extend over cached prefixes"),
+        ({1: 1, 2: 1, 3: 1}, "decode"),
+        ({3: 11, 1: 1}, "mixed: extend and a decode token"),
+        ({1: 1, 2: 1, 3: 1}, "decode"),
+    ]
+    for new_tokens, what in steps:
+        forward_batch = harness.batch(new_tokens)
+        ours, reference = run_step(harness, (atom, native), layer, forward_batch, generator)
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5, msg=what)
+    assert atom.forward_metadata.fresh_prefill is False
+
+
+def test_decode_graph_buffers_match_eager():
+    """The CUDA-graph path (static buffers refilled before each replay) computes what eager does."""
+    from atom_sglang.attention.backend import ATOMAttentionBackend
+
+    harness = Harness(page_size=4)
+    eager = ATOMAttentionBackend(harness.runners[0])
+    graphed = ATOMAttentionBackend(harness.runners[1])
+    graphed.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    layer = radix_layer(-1)
+    generator = torch.Generator().manual_seed(1)
+    # Cached context: the same random K/V in both pools, behind requests of 6, 17 and 2 tokens.
+    for buffers in ("k_buffer", "v_buffer"):
+        values = torch.randn(getattr(harness.runners[0].token_to_kv_pool, buffers)[0].shape, generator=generator)
+        for runner in harness.runners:
+            getattr(runner.token_to_kv_pool, buffers)[0].copy_(values)
+    harness.batch({1: 6, 2: 17, 3: 2})
+    for step in range(3):
+        forward_batch = harness.batch({1: 1, 2: 1, 3: 1})
+        q = torch.randn(3, NUM_HEADS * HEAD_SIZE, generator=generator)
+        k = torch.randn(3, NUM_KV_HEADS, HEAD_SIZE, generator=generator)
+        v = torch.randn(3, NUM_KV_HEADS, HEAD_SIZE, generator=generator)
+        eager.init_forward_metadata(forward_batch)
+        if step == 2:
+            forward_batch.seq_lens_cpu = None  # replays may come without host-side lengths
+        graphed.init_forward_metadata_out_graph(forward_batch, in_capture=step == 0)
+        assert graphed.forward_metadata.block_table.data_ptr() == graphed.graph_buffers.block_table.data_ptr()
+        torch.testing.assert_close(graphed.forward_decode(q, k, v, layer, forward_batch),
+                                   eager.forward_decode(q, k, v, layer, forward_batch))
+
+
+def test_unsupported_layers_are_refused():
+    from atom_sglang.attention.backend import ATOMAttentionBackend
+
+    harness = Harness(page_size=1)
+    backend = ATOMAttentionBackend(harness.runners[0])
+    forward_batch = harness.batch({1: 3})
+    backend.init_forward_metadata(forward_batch)
+    layer = radix_layer(-1)
+    layer.logit_cap = 30.0
+    q, k = torch.randn(3, NUM_HEADS * HEAD_SIZE), torch.randn(3, NUM_KV_HEADS, HEAD_SIZE)
+    with pytest.raises(NotImplementedError, match="logit cap"):
+        backend.forward(q, k, k, layer, forward_batch)

@@ -1,0 +1,81 @@
+"""The ``sglang.srt.plugins`` entry point, in fresh SGLang processes (no engine): idempotent,
+activation from installation alone, the disable switches, and precedence of a user's own package."""
+
+import json
+import os
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from atom_core.models import SUPPORTED_ARCHITECTURES
+from sglang_testing import TESTS_DIR, run_parallel
+
+pytestmark = pytest.mark.sglang
+
+PROBE = os.path.join(TESTS_DIR, "plugin_probe.py")
+MARKER = "PLUGIN_PROBE_RESULT "
+ATOM_MODULE = "atom_sglang.model_wrapper"
+SCENARIOS = {
+    "active": {},
+    # As if a parent process with ATOM active had handed its model package down.
+    "disabled": {"ATOM_DISABLE_SGLANG_PLUGIN": "1", "SGLANG_EXTERNAL_MODEL_PACKAGE": "atom_sglang.models"},
+    "user_package": {"SGLANG_EXTERNAL_MODEL_PACKAGE": "user_models"},
+}
+
+
+@pytest.fixture(scope="module")
+def probes(tiny_model_dir) -> dict[str, dict]:
+    model = tiny_model_dir("Qwen3ForCausalLM")
+    commands = [([sys.executable, PROBE, model], env) for env in SCENARIOS.values()]
+    reports = {}
+    for name, (returncode, stdout, stderr) in zip(SCENARIOS, run_parallel(commands, timeout=300)):
+        lines = [line for line in stdout.splitlines() if line.startswith(MARKER)]
+        assert returncode == 0 and lines, f"{name}: rc={returncode}\n{stdout[-3000:]}\n{stderr[-6000:]}"
+        reports[name] = json.loads(lines[0][len(MARKER):])
+        reports[name]["log"] = stderr
+    return reports
+
+
+def test_entry_point_is_installed():
+    (ep,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "atom"]
+    assert ep.value == "atom_sglang.register:register_plugin"
+    assert ep.dist.name == "atom-sglang"
+
+
+def test_active_after_install_and_idempotent(probes):
+    report = probes["active"]
+    assert report["env_package"] == "atom_sglang.models"
+    assert report["backend_registered"] and report["choice_count"] == 1
+    assert set(report["hooks"].values()) == {1}, report["hooks"]
+    assert report["model_modules"] == {a: ATOM_MODULE for a in SUPPORTED_ARCHITECTURES}
+    assert report["log"].count("INFO atom: SGLang plugin active") == 1
+
+
+def test_attention_backend_selection(probes):
+    report = probes["active"]
+    assert report["default_backend"] == "atom"  # no flag needed
+    assert report["explicit_backend"] == "torch_native"  # the user's choice wins
+    assert report["cli_backend"] == "atom"  # --attention-backend atom parses
+    assert report["default_backend_attention_disabled"] == "torch_native"  # ATOM_DISABLE_..._ATTENTION=1
+    # SGLang's Triton helpers stay off on the CPU engine with ATOM's backend, as with torch_native.
+    assert report["support_triton_atom"] is False and report["support_triton_torch_native"] is False
+
+
+def test_disable_switch_turns_everything_off(probes):
+    report = probes["disabled"]
+    assert report["env_package"] is None
+    assert not report["backend_registered"] and report["choice_count"] == 0
+    assert set(report["hooks"].values()) == {0}
+    assert all(not m.startswith("atom_sglang") for m in report["model_modules"].values())
+    assert report["model_modules"]["Qwen3ForCausalLM"] == "sglang.srt.models.qwen3"
+    assert report["default_backend"] == "torch_native"
+    assert "INFO atom:" not in report["log"]
+
+
+def test_user_model_package_keeps_precedence(probes):
+    report = probes["user_package"]
+    assert report["env_package"] == "user_models"
+    modules = report["model_modules"]
+    assert modules.pop("Qwen3ForCausalLM") == "user_models.qwen3"
+    assert modules == {a: ATOM_MODULE for a in SUPPORTED_ARCHITECTURES if a != "Qwen3ForCausalLM"}
