@@ -66,7 +66,7 @@ def main() -> None:
     print(f"attention impl:  {', '.join(info['attention'])}")
     print(f"kernel backends ({device}):")
     for op, backend in atom_kernels.backend_report(device).items():
-        print(f"    {op:<24} {backend}")
+        print(f"    {op:<36} {backend}")
 
 
 if __name__ == "__main__":
