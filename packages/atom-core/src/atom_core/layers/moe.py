@@ -80,7 +80,13 @@ class TopKRouter(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x, self.weight, self.bias)
+        if self.scoring == "sigmoid":
+            # DeepSeek-V3 and GLM-4-MoE score experts in fp32 (HF and vLLM do too): in bf16, rounding
+            # of the logits flips near-tied experts.
+            bias = None if self.bias is None else self.bias.float()
+            logits = F.linear(x.float(), self.weight.float(), bias)
+        else:
+            logits = F.linear(x, self.weight, self.bias)
         if self.scoring == "softmax" and self.num_expert_group == 1:
             weights, ids = atom_kernels.topk_softmax(logits, self.top_k, self.renormalize)
             if self.routed_scaling_factor != 1.0:
