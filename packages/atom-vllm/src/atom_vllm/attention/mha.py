@@ -15,11 +15,9 @@ vLLM reorders each batch so requests run [decodes | extends | prefills] (reorder
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from vllm.v1.attention.backend import (
-    AttentionBackend,
     AttentionCGSupport,
     AttentionImpl,
     AttentionMetadataBuilder,
@@ -29,20 +27,10 @@ from vllm.v1.attention.backend import (
 )
 
 import atom_kernels
-from atom_vllm.attention import decode_graph_support
+from atom_vllm.attention import ATOMBackendBase, decode_graph_support
 
 
-class ATOMAttentionBackend(AttentionBackend):
-    accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = True
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
-
-    @staticmethod
-    def get_name() -> str:
-        # Out-of-tree backends register under vLLM's CUSTOM slot (see register.register_model).
-        return "CUSTOM"
-
+class ATOMAttentionBackend(ATOMBackendBase):
     @staticmethod
     def get_impl_cls() -> type[ATOMAttentionImpl]:
         return ATOMAttentionImpl

@@ -25,7 +25,6 @@ vLLM orders each batch [decodes | prefills] (reorder threshold 1). Per layer and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -51,21 +50,10 @@ from atom_core.layers.mla import (
     mla_prefill,
     rope_and_cache,
 )
-from atom_vllm.attention import decode_graph_support
+from atom_vllm.attention import ATOMBackendBase, decode_graph_support
 
 
-class ATOMMLABackend(AttentionBackend):
-    accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = True
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
-
-    @staticmethod
-    def get_name() -> str:
-        # Out-of-tree backends are named CUSTOM in vLLM's enum (as ATOM's MHA backend). Only vLLM's
-        # Attention layer maps the name back to a class, and ATOM's MLA layer is not one.
-        return "CUSTOM"
-
+class ATOMMLABackend(ATOMBackendBase):
     @staticmethod
     def get_impl_cls() -> type[ATOMMLAImpl]:
         return ATOMMLAImpl
