@@ -79,7 +79,7 @@ def apply_gated_activation(gate, up, ACT: tl.constexpr, alpha, limit):
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _gated_activation_kernel(
     x_ptr,
     out_ptr,

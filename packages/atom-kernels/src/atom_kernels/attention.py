@@ -259,7 +259,7 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])
 def _attention_kernel(
     q_ptr,
     k_ptr,
@@ -362,20 +362,6 @@ def _attention_kernel(
     # Tiles that need no score mask (all keys valid, none after any query of this block, none outside
     # any query's window) form one range [full_lo, full_hi) of tile indices; the masked ones around it
     # (the window's edge, the causal diagonal, the ragged end) go through the masked loop.
-    first_q_pos = kv_len - q_len + first_token
-    last_q_pos = kv_len - q_len + tl.minimum(q_len, first_token + BLOCK_Q) - 1
-    full_lo = 0
-    if USE_WINDOW:
-        before_window = last_q_pos - sliding_window - kv_lo
-        full_lo = tl.where(before_window < 0, 0, before_window // BLOCK_N + 1)
-    full_hi = (kv_hi - kv_lo) // BLOCK_N
-    if CAUSAL:
-        full_hi = tl.minimum(full_hi, (first_q_pos + 1 - kv_lo) // BLOCK_N)
-    full_hi = tl.maximum(full_hi, full_lo)
-
-    # Tiles that need no score mask (all keys valid, none past any query of this block, none outside
-    # any query's window) form one range [full_lo, full_hi); the masked ones on either side of it (the
-    # window's edge, the causal diagonal, the ragged end) take the masked loop.
     first_q_pos = kv_len - q_len + first_token
     last_q_pos = kv_len - q_len + tl.minimum(q_len, first_token + BLOCK_Q) - 1
     full_lo = 0

@@ -77,7 +77,7 @@ def fp8_block_scaled_mm_torch(
     return (a_deq @ b_deq.t()).to(out_dtype)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(
     a_ptr,
     b_ptr,

@@ -168,7 +168,7 @@ def _take_topk(values, experts, TOP_K: tl.constexpr, K_P2: tl.constexpr):
     return top_values, top_ids
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _topk_softmax_kernel(
     logits_ptr,
     weights_ptr,
@@ -252,7 +252,7 @@ def topk_softmax_triton(
     return weights, ids
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _grouped_topk_kernel(
     logits_ptr,
     bias_ptr,
@@ -421,7 +421,7 @@ def moe_align_block_size(
     return sorted_ids, block_expert
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_entries"])
 def _moe_gemm_kernel(
     a_ptr,
     w_ptr,

@@ -31,7 +31,7 @@ def fused_add_rms_norm_torch(
     return rms_norm_torch(summed, weight, eps), summed
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,

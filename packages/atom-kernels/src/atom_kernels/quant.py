@@ -79,7 +79,7 @@ def per_group_quant_fp8_torch(
     return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), scale
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _quant_fp8_kernel(
     x_ptr,
     q_ptr,
@@ -122,7 +122,7 @@ def _quant_fp8_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _row_amax_kernel(x_ptr, amax_ptr, num_rows, K, x_stride, BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     amax = tl.zeros([BLOCK_K], tl.float32)
