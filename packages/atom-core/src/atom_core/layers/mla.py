@@ -35,7 +35,7 @@ from atom_core.distributed import divide, get_tp_group
 from atom_core.layers.attention import standalone_cu_seqlens
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import RotaryEmbedding
+from atom_core.layers.rotary import RotaryEmbedding, shared_rotary_embedding
 from atom_kernels import rope as rope_ops
 
 # DeepSeek's reference code (and HF transformers) builds the q/kv latent norms with RMSNorm's
@@ -276,7 +276,7 @@ class MultiHeadLatentAttention(nn.Module):
             kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), prefix=f"{prefix}.kv_b_proj"
         )
         self.o_proj = RowParallelLinear(num_heads * v_head_dim, hidden_size, bias, prefix=f"{prefix}.o_proj")
-        self.rotary_emb = RotaryEmbedding(
+        self.rotary_emb = shared_rotary_embedding(
             qk_rope_head_dim, qk_rope_head_dim, max_position, rope, is_neox=rope_is_neox
         )
         self.attn = LatentAttention(

@@ -22,7 +22,7 @@ from atom_core.layers.linear import (
     rank_sharded_weight_loader,
 )
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import RotaryEmbedding
+from atom_core.layers.rotary import shared_rotary_embedding
 
 
 class DecoderSelfAttention(nn.Module):
@@ -60,7 +60,7 @@ class DecoderSelfAttention(nn.Module):
             self.q_norm = self.k_norm = None
         if rotary_dim is None:
             rotary_dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
-        self.rotary_emb = RotaryEmbedding(head_dim, rotary_dim, max_position, rope)
+        self.rotary_emb = shared_rotary_embedding(head_dim, rotary_dim, max_position, rope)
         self.sinks = (
             make_param((self.qkv_proj.num_heads,), rank_sharded_weight_loader(0)) if sinks else None
         )

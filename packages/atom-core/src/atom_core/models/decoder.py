@@ -18,7 +18,7 @@ from atom_core.config import Config
 from atom_core.distributed import get_tp_group
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import hf_rope_parameters
+from atom_core.layers.rotary import hf_rope_parameters, rotary_embeddings_shared
 from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import StackedWeight, WeightMap, load_weights
 from atom_core.log import logger
@@ -104,9 +104,10 @@ class DecoderModel(nn.Module):
         super().__init__()
         hf = config.hf_config
         self.embed_tokens = VocabParallelEmbedding(hf.vocab_size, hf.hidden_size, f"{prefix}.embed_tokens")
-        self.layers = nn.ModuleList(
-            make_layer(i, f"{prefix}.layers.{i}") for i in range(hf.num_hidden_layers)
-        )
+        with rotary_embeddings_shared():
+            self.layers = nn.ModuleList(
+                make_layer(i, f"{prefix}.layers.{i}") for i in range(hf.num_hidden_layers)
+            )
         self.norm = RMSNorm(hf.hidden_size, hf.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
