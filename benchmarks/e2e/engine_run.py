@@ -2,7 +2,7 @@
 
 Run in a fresh process per configuration (vLLM reads plugins and ATOM_* switches once per process):
     python engine_run.py --config CONFIG.json --out RESULT.json [--eager] [--correctness N,L]
-        [--throughput N,IN,OUT]
+        [--throughput N,IN,OUT] [--decode-step B,S]
 Prompts are random token ids with a fixed seed, so native and ATOM runs see the same inputs; dummy
 weights depend only on each parameter's shape (vLLM's dummy loader), so both see the same weights.
 """
@@ -28,6 +28,26 @@ def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[
     return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
 
 
+def decode_step_time(llm, batch: int, steps: int, vocab: int) -> dict:
+    """Milliseconds per decode step at ``batch`` sequences of ~64-token context: the time of
+    generating 1 + ``steps`` tokens minus the time of generating 1 (the prefill), over ``steps``.
+    Each timing uses fresh prompts, so no prefix-cache hit shortens a prefill."""
+    from vllm import SamplingParams
+
+    def timed(max_tokens: int, seed: int) -> float:
+        prompts = [{"prompt_token_ids": p} for p in random_prompts(batch, 64, vocab, seed)]
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        begin = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - begin
+
+    timed(1 + steps, seed=20)  # warm-up
+    prefill = min(timed(1, seed=21 + i) for i in range(3))
+    full = min(timed(1 + steps, seed=31 + i) for i in range(3))
+    return {"batch": batch, "steps": steps, "prefill_s": prefill, "with_decode_s": full,
+            "ms_per_decode_step": 1e3 * (full - prefill) / steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
@@ -35,6 +55,7 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--correctness", default="64,128", help="prompts,new tokens ('' to skip)")
     parser.add_argument("--throughput", default="256,1024,128", help="prompts,in,out ('' to skip)")
+    parser.add_argument("--decode-step", default="", help="batch,steps: time of one decode step")
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
 
@@ -79,6 +100,8 @@ def main() -> None:
             "prompts": count, "input_len": in_len, "output_len": out_len, "elapsed_s": elapsed,
             "output_tok_s": generated / elapsed, "total_tok_s": (generated + count * in_len) / elapsed,
         }
+    if args.decode_step:
+        result["decode_step"] = decode_step_time(llm, *map(int, args.decode_step.split(",")), vocab)
     json.dump(result, open(args.out, "w"))
     print("ENGINE_RUN", json.dumps({k: v for k, v in result.items() if k != "correctness"}), flush=True)
 

@@ -128,6 +128,15 @@ def block_size_for(backend) -> int:
     return sizes[0] if sizes else 64
 
 
+def vllm_deepseek_rope_parameters(hf) -> dict:
+    """The rope parameters vLLM's DeepSeek attention builds its rope from: YaRN becomes vLLM's
+    ``deepseek_yarn`` (cos/sin scaled by mscale / mscale_all_dim, as DeepSeek's reference does)."""
+    params = dict(hf.rope_parameters)
+    if params["rope_type"] != "default":
+        params["rope_type"] = "deepseek_yarn" if params.get("apply_yarn_scaling", True) else "deepseek_llama_scaling"
+    return params
+
+
 class Layers:
     """One model's attention layer built twice on shared weights: ATOM's impl and vLLM's MLAAttention."""
 
@@ -156,7 +165,7 @@ class Layers:
                                                  prefix=f"{prefix}.kv_b_proj")  # fmt: skip
             kv_b_proj.weight.data.copy_(kv_b_weight)
             self.vllm_rope = get_rope(self.rope, max_position=hf.max_position_embeddings,
-                                      rope_parameters=hf.rope_parameters, is_neox_style=False)  # fmt: skip
+                                      rope_parameters=vllm_deepseek_rope_parameters(hf), is_neox_style=False)  # fmt: skip
             self.vllm_layer = MLAAttention(
                 num_heads=self.heads, scale=scale, qk_nope_head_dim=self.nope, qk_rope_head_dim=self.rope,
                 v_head_dim=self.v, q_lora_rank=None, kv_lora_rank=self.rank, kv_b_proj=kv_b_proj,
@@ -278,7 +287,9 @@ def main() -> None:
         heads = MODELS[model]["num_attention_heads"]
         model_contexts = [c for c in contexts if c <= MODELS[model]["max_position_embeddings"]]
         for backend_name in args.vllm_backends.split(","):
-            backend = vllm_backend_class(backend_name, heads)
+            # vLLM's backend validation reads the current config; the block size is the backend's.
+            with set_current_vllm_config(vllm_config_for(model, 64, max(model_contexts))):
+                backend = vllm_backend_class(backend_name, heads)
             block_size = block_size_for(backend)
             vllm_config = vllm_config_for(model, block_size, max(model_contexts))
             with set_current_vllm_config(vllm_config):

@@ -1,0 +1,173 @@
+"""Per-kernel GPU time of one prefill step and one decode step, in one vLLM engine (this process).
+
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 python profile_steps.py --config CONFIG.json --out PROFILE.json
+
+Run once with ATOM_DISABLE_VLLM_PLUGIN=1 (native) and once without (ATOM), on the same GPU.
+The engine core runs in this process, so torch.profiler sees every kernel, CUDA-graph replays
+included. Three windows, each steered step by step through ``LLMEngine.step``:
+
+- prefill: PREFILL_PROMPTS x 1024-token prompts, one output token (whole prefill steps);
+- decode: DECODE_BATCH requests of 1024-token prompts; after all are prefilled, DECODE_STEPS pure
+  decode steps are profiled;
+- workload (optional): the throughput workload's mix, N x 1024 in / 128 out through ``generate``.
+
+Writes kernel time per name and per op class (gemm, attention, moe, norm, ...), GPU-busy time
+against wall time (how host-bound a step is), and the number of engine steps in each window.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_run import random_prompts, served_by  # noqa: E402
+
+# First match wins: kernel name -> op class.
+OP_CLASSES = [
+    ("moe", r"moe|expert|topk|grouped_gemm|_fused_experts"),
+    ("attention", r"flash|fmha|attention|attn|paged|merge_splits|mla"),
+    ("kv_cache", r"reshape_and_cache|cache"),
+    ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|sm90_|wgmma|matmul"),
+    ("norm", r"rms|norm"),
+    ("rope", r"rotary|rope"),
+    ("activation", r"silu|gelu|act_and_mul|swiglu"),
+    ("sampling", r"sample|softmax|argmax|sort|log_softmax|gumbel|topp|penalt"),
+    ("inductor_fused", r"^triton_"),
+    ("copy_elementwise", r"copy|elementwise|fill|cat|index|gather|scatter|memcpy|memset|reduce"),
+]
+
+
+def op_class(name: str) -> str:
+    lowered = name.lower()
+    for label, pattern in OP_CLASSES:
+        if re.search(pattern, lowered):
+            return label
+    return "other"
+
+
+def kernel_times(prof) -> dict[str, float]:
+    """Microseconds of GPU time per kernel name in a finished profile."""
+    from torch.autograd import DeviceType
+
+    times: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == DeviceType.CUDA:
+            times[event.name] = times.get(event.name, 0.0) + event.device_time
+    return times
+
+
+def summarise(times: dict[str, float], wall_s: float, steps: int) -> dict:
+    classes: dict[str, float] = {}
+    for name, us in times.items():
+        classes[op_class(name)] = classes.get(op_class(name), 0.0) + us
+    busy = sum(times.values())
+    per_step = max(steps, 1)
+    top = sorted(times.items(), key=lambda kv: -kv[1])[:30]
+    return {
+        "steps": steps,
+        "wall_ms_per_step": 1e3 * wall_s / per_step,
+        "gpu_busy_ms_per_step": busy / 1e3 / per_step,
+        "classes_ms_per_step": {k: v / 1e3 / per_step for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms_per_step": [[name[:160], op_class(name), us / 1e3 / per_step] for name, us in top],
+    }
+
+
+def profiled(fn):
+    import torch
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        begin = time.perf_counter()
+        steps = fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - begin
+    return summarise(kernel_times(prof), wall, steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--prefill-prompts", type=int, default=16)
+    parser.add_argument("--decode-batch", type=int, default=256)
+    parser.add_argument("--decode-steps", type=int, default=16)
+    parser.add_argument("--workload-prompts", type=int, default=0, help="0 skips the workload window")
+    args = parser.parse_args()
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        raise SystemExit("set VLLM_ENABLE_V1_MULTIPROCESSING=0: the profiler must see the engine core")
+
+    from vllm import LLM, SamplingParams
+
+    model_dir = tempfile.mkdtemp(prefix="atom-prof-")
+    shutil.copy(args.config, os.path.join(model_dir, "config.json"))
+    vocab = json.load(open(args.config))["vocab_size"]
+    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=2048, seed=0, gpu_memory_utilization=0.85)
+    engine = llm.llm_engine
+    result = {"config": os.path.basename(args.config), "served_by": llm.apply_model(served_by)[0],
+              "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1"}
+
+    def submit(prompts, max_tokens, tag):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
+
+    step_ms: list[float] = []
+
+    def drain():
+        step_ms.clear()
+        while engine.has_unfinished_requests():
+            begin = time.perf_counter()
+            engine.step()
+            step_ms.append(1e3 * (time.perf_counter() - begin))
+        return len(step_ms)
+
+    # Warm-up: every path (prefill, mixed, decode) once, outside the profiles.
+    submit(random_prompts(32, 1024, vocab, seed=10), 8, "warm")
+    drain()
+
+    submit(random_prompts(args.prefill_prompts, 1024, vocab, seed=11), 1, "prefill")
+    result["prefill"] = profiled(drain)
+    result["prefill"]["window"] = f"{args.prefill_prompts} prompts x 1024 tokens, 1 output token"
+
+    submit(random_prompts(args.decode_batch, 1024, vocab, seed=12), args.decode_steps + 64, "decode")
+    started: set[str] = set()
+    while len(started) < args.decode_batch:  # prefill (and mixed) steps, not profiled
+        for out in engine.step():
+            if out.outputs and out.outputs[0].token_ids:
+                started.add(out.request_id)
+
+    def decode_steps():
+        for _ in range(args.decode_steps):
+            engine.step()
+        return args.decode_steps
+
+    result["decode"] = profiled(decode_steps)
+    result["decode"]["window"] = f"batch {args.decode_batch}, context ~1030-1090 tokens, pure decode steps"
+    drain()
+
+    if args.workload_prompts:
+        submit(random_prompts(args.workload_prompts, 1024, vocab, seed=13), 128, "workload")
+        result["workload"] = profiled(drain)
+        result["workload"]["window"] = f"{args.workload_prompts} prompts x 1024 in / 128 out (all steps)"
+        # A stall (a kernel compiled mid-run, a host-side sync) shows as a step far above its neighbours.
+        result["workload"]["slowest_steps_ms"] = sorted(((ms, i) for i, ms in enumerate(step_ms)), reverse=True)[:8]
+
+    json.dump(result, open(args.out, "w"), indent=1)
+    for window in ("prefill", "decode", "workload"):
+        if window in result:
+            r = result[window]
+            print(window, f"steps={r['steps']} wall/step={r['wall_ms_per_step']:.2f} ms "
+                  f"gpu/step={r['gpu_busy_ms_per_step']:.2f} ms",
+                  {k: round(v, 3) for k, v in r["classes_ms_per_step"].items()}, flush=True)
+            if "slowest_steps_ms" in r:
+                print("  slowest steps (ms, index):", [(round(ms, 1), i) for ms, i in r["slowest_steps_ms"]])
+
+
+if __name__ == "__main__":
+    main()
