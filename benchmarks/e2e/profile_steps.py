@@ -30,12 +30,12 @@ from engine_run import random_prompts, served_by  # noqa: E402
 # First match wins: kernel name -> op class.
 OP_CLASSES = [
     ("moe", r"moe|expert|topk|grouped_gemm|_fused_experts"),
+    ("kv_cache", r"reshape_and_cache|concat_and_cache"),
     ("attention", r"flash|fmha|attention|attn|paged|merge_splits|mla"),
-    ("kv_cache", r"reshape_and_cache|cache"),
     ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|sm90_|wgmma|matmul"),
     ("norm", r"rms|norm"),
     ("rope", r"rotary|rope"),
-    ("activation", r"silu|gelu|act_and_mul|swiglu"),
+    ("activation", r"silu|gelu|act_and_mul|swiglu|gated_activation"),
     ("sampling", r"sample|softmax|argmax|sort|log_softmax|gumbel|topp|penalt"),
     ("inductor_fused", r"^triton_"),
     ("copy_elementwise", r"copy|elementwise|fill|cat|index|gather|scatter|memcpy|memset|reduce"),

@@ -259,7 +259,7 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["block_table_stride", "num_seqs"])
 def _attention_kernel(
     q_ptr,
     k_ptr,

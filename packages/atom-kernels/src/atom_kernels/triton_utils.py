@@ -4,9 +4,10 @@ On a machine without a GPU the Triton kernels run through Triton's interpreter; 
 must be set before this package is imported, because ``@triton.jit`` picks the interpreter when it
 decorates a kernel. :func:`interpreting` says whether that happened.
 
-Kernels mark their per-batch counts (rows, tokens, sequences) ``do_not_specialize``: Triton would
-otherwise compile a new variant the first time a count is 1 or a multiple of 16, in the middle of
-serving, where a compile stalls the engine for a second or more.
+Kernels mark their per-batch counts (rows, tokens, sequences; also the block-table width, which
+depends on the configured context length) ``do_not_specialize``: Triton would otherwise compile a
+new variant the first time a count is 1 or a multiple of 16, in the middle of serving, where a
+compile stalls the engine for a second or more.
 """
 
 from __future__ import annotations

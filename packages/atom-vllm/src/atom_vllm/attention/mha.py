@@ -162,13 +162,17 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
+        self.prefill_kernels_compiled = False
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: ATOMAttentionMetadata | None,
                 output: torch.Tensor, output_scale=None, output_block_scale=None) -> torch.Tensor:
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("ATOM attention does not fuse output quantization")
-        if attn_metadata is None:  # profiling / warm-up run without a batch
+        if attn_metadata is None:  # vLLM's profiling / warm-up runs: no batch, no cache yet
+            capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
+            if not self.prefill_kernels_compiled and not capturing:
+                self.compile_prefill_kernels(query, key, value, output)
             return output
         m = attn_metadata
         key_cache, value_cache = kv_cache.unbind(0)
@@ -195,3 +199,31 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
                 out=output[paged_tokens:end],
             )
         return output
+
+    def compile_prefill_kernels(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                output: torch.Tensor) -> None:
+        """Run the prefill and extend attention kernels once on this layer's real q/k/v/output
+        tensors (their strides and alignment are what Triton specializes on), so that they compile
+        during vLLM's start-up warm-up rather than on the first long prompt. Decode kernels compile
+        when vLLM captures its decode CUDA graphs. The results are discarded."""
+        self.prefill_kernels_compiled = True
+        n = min(query.shape[0], 16)
+        if n < 2:
+            return
+        device = query.device
+        int32 = dict(dtype=torch.int32, device=device)
+        cu_seqlens = torch.tensor([0, n], **int32)
+        atom_kernels.varlen_attention(query[:n], key[:n], value[:n], cu_seqlens, cu_seqlens, self.scale,
+                                      True, self.sliding_window, self.sinks, out=output[:n])
+        # One decode and one extend request over a one-block scratch cache: the paged kernel's
+        # non-decode variant, which chunked prefill and prefix-cache hits use.
+        block_size = 16
+        scratch = torch.zeros((2, 1, block_size, self.num_kv_heads, self.head_size),
+                              dtype=key.dtype, device=device)
+        key_cache, value_cache = scratch.unbind(0)
+        atom_kernels.paged_attention(
+            query[:n], key_cache, value_cache, torch.tensor([0, 1, n], **int32),
+            torch.tensor([1, n], **int32), torch.zeros((2, 1), **int32), self.scale,
+            self.sliding_window, self.sinks, out=output[:n],
+        )
+
