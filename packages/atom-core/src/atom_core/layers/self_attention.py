@@ -81,9 +81,10 @@ class DecoderSelfAttention(nn.Module):
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+            # Per-head views of the split (no copy: the norm kernels take strided rows).
+            q = self.q_norm(q.view(-1, self.qkv_proj.num_heads, self.head_dim)).view(q.shape)
+            k = self.k_norm(k.view(-1, self.qkv_proj.num_kv_heads, self.head_dim)).view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous()))
+        return self.o_proj(self.attn(q, k, v))
 
 

@@ -1,0 +1,52 @@
+"""GPU: once vLLM's start-up warm-up is over, serving compiles no ATOM Triton kernel.
+
+A Triton compile in the middle of serving stalls the engine for seconds; on the H200 vLLM's JIT
+monitor caught ATOM's attention kernel compiling during the first chunked-prefill batches. Here a
+tiny Qwen3 in bf16 with CUDA graphs serves a mix of whole prefills, chunked-prefill extends (16-token
+steps), prefix-cache hits and decodes, with vLLM's JIT monitor logging every compile; none of them
+may be an ATOM kernel. (Compiles of vLLM's own kernels are vLLM's business and are not asserted.)
+"""
+
+import random
+import re
+
+import pytest
+import torch
+import triton
+
+from vllm_testing import run_vllm
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.vllm,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
+
+
+def atom_triton_kernels() -> set[str]:
+    from atom_kernels import activation, attention, cache, gemm, mla, moe, norm, quant, rope
+
+    return {obj.fn.__name__ for module in (activation, attention, cache, gemm, mla, moe, norm, quant, rope)
+            for obj in vars(module).values() if isinstance(obj, triton.runtime.jit.JITFunction)}
+
+
+def test_serving_mix_compiles_no_atom_kernel(tiny_model_dir):
+    model = tiny_model_dir("Qwen3ForCausalLM")
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(4, 499) for _ in range(n)]  # noqa: E731
+    shared = tokens(48)
+    phases = [[tokens(n) for n in (1, 5, 23, 70, 130)] + [shared + tokens(22)],
+              [shared + tokens(3), shared + tokens(40)]]
+    result = run_vllm(model, phases, max_tokens=16, llm_kwargs={
+        "dtype": "bfloat16", "enforce_eager": False, "gpu_memory_utilization": 0.2,
+        "max_num_batched_tokens": 16, "enable_chunked_prefill": True,
+        "jit_monitor_mode": "warn", "jit_monitor_verbose": True,
+    })
+    assert result["served_by"]["attention_impls"] == ["atom_vllm.attention.mha.ATOMAttentionImpl"]
+    assert all(len(o["tokens"]) == 16 for phase in result["phases"] for o in phase)
+    assert any(o["num_cached_tokens"] >= 32 for o in result["phases"][1])
+    assert "Kernel JIT monitor activated" in result["log"]
+    compiled = set(JIT_LINE.findall(result["log"]))
+    assert not compiled & atom_triton_kernels(), f"ATOM kernels compiled while serving: {compiled}"
