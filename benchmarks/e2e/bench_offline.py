@@ -6,7 +6,7 @@ For each model shape (benchmarks/models/NAME.json, dummy weights): one native en
 (ATOM_DISABLE_VLLM_PLUGIN=1) and one ATOM engine, each in a fresh process, with vLLM's defaults
 (torch.compile + CUDA graphs); each runs the correctness probe (64 prompts x 128 greedy tokens,
 first-step top-20 logprobs) and the throughput workload (256 prompts x 1024 in / 128 out).
-Writes one JSON with both runs, agreement numbers and ratio = ATOM / native.
+Writes one JSON with both runs, agreement numbers and ratio = ATOM / native, and a markdown table.
 """
 
 import argparse
@@ -65,6 +65,24 @@ def agreement(native: dict, atom: dict) -> dict:
     }
 
 
+def markdown(report: dict) -> str:
+    lines = [f"# Offline throughput on {report['device']} (vLLM {report['vllm']}, torch {report['torch']})", "",
+             "256 prompts x 1024 random input tokens, 128 greedy output tokens, bf16 dummy weights.", "",
+             "| model | native out tok/s | ATOM out tok/s | ATOM / native | identical sequences | "
+             "first-step logprob max diff |", "|---|---|---|---|---|---|"]
+    for name, entry in report["models"].items():
+        if "ratio" not in entry:
+            lines.append(f"| {name} | failed | | | | |")
+            continue
+        agreement = entry["agreement"]
+        lines.append(
+            f"| {name} | {entry['native']['throughput']['output_tok_s']:.0f} | "
+            f"{entry['atom']['throughput']['output_tok_s']:.0f} | {entry['ratio']['output_tok_s']:.2f} | "
+            f"{agreement['identical_sequences']}/{agreement['prompts']} x {agreement['tokens_per_prompt']} tokens | "
+            f"{agreement['first_step_top20_logprob_max_abs_diff']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("models", nargs="+")
@@ -94,6 +112,7 @@ def main() -> None:
                 run["correctness"] = {"first_tokens": [t[:8] for t in run["correctness"]["tokens"][:8]]}
         report["models"][name] = entry
         json.dump(report, open(args.out, "w"), indent=1)
+        open(os.path.splitext(args.out)[0] + ".md", "w").write(markdown(report))
         print(name, json.dumps({k: entry.get(k) for k in ("ratio", "agreement")}), flush=True)
 
 

@@ -1,14 +1,19 @@
 """ATOM's MHA impl compiles its prefill and extend kernels during vLLM's batch-less warm-up runs.
 
-vLLM's profiling and warm-up forward passes reach attention without metadata. ATOM's impl uses the
-first such pass to run its varlen (prefill) and paged non-decode (extend) kernels once on the layer's
-own tensors, so that Triton compiles them at start-up, not during the first long prompt (which
+vLLM's profiling and warm-up forward passes reach attention without metadata. ATOM's MHA impl uses
+the first such pass to run its varlen (prefill) and paged non-decode (extend) kernels once on the
+layer's own tensors, the MLA impl its expanded prefill, so that Triton compiles them at start-up, not during the first long prompt (which
 vLLM's JIT monitor reported on the H200). On this CPU machine the same calls run the torch backend.
 """
 
 import torch
 
+import atom_kernels
+from atom_core.layers.linear import ColumnParallelLinear
+from atom_core.layers.mla import LatentAttentionSpec
+from atom_core.layers.rotary import RotaryEmbedding
 from atom_vllm.attention.mha import ATOMAttentionImpl
+from atom_vllm.attention.mla import ATOMMLAImpl
 
 
 def make_impl(sliding_window=None, sinks=None) -> ATOMAttentionImpl:
@@ -43,3 +48,29 @@ def test_single_token_pass_skips_warmup():
     impl = make_impl()
     assert torch.isnan(dummy_pass(impl, 1)).all()
     assert impl.prefill_kernels_compiled
+
+
+def test_mla_first_batchless_pass_runs_expanded_prefill(monkeypatch):
+    heads, nope, rope, v, rank = 4, 16, 8, 12, 32
+    spec = LatentAttentionSpec(
+        num_heads=heads, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, kv_lora_rank=rank,
+        scale=0.2, prefix="layer.attn", layer_id=0, kv_b_proj=ColumnParallelLinear(rank, heads * (nope + v)),
+        rotary_emb=RotaryEmbedding(rope, rope, 64, {"rope_type": "default", "rope_theta": 10000.0}),
+    )
+    spec.kv_b_proj.weight.data.normal_()
+    impl = ATOMMLAImpl(spec)
+    calls = []
+    varlen = atom_kernels.varlen_attention
+    monkeypatch.setattr(atom_kernels, "varlen_attention",
+                        lambda q, *args: calls.append(tuple(q.shape)) or varlen(q, *args))
+
+    def dummy_pass(num_tokens: int) -> torch.Tensor:
+        output = torch.full((num_tokens, heads * v), float("nan"))
+        return impl.forward(torch.arange(num_tokens), torch.randn(num_tokens, heads, nope + rope),
+                            torch.randn(num_tokens, rank), torch.randn(num_tokens, rope), torch.empty(0), None,
+                            output)
+
+    assert (dummy_pass(40) == 0).all()  # dummy passes still return zeros (data-parallel peers)
+    assert calls == [(16, heads, nope + rope)]
+    dummy_pass(40)
+    assert calls == [(16, heads, nope + rope)]  # once per layer

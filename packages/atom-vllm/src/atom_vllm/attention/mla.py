@@ -155,12 +155,16 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
         self.num_heads = spec.num_heads
         self.head_size = spec.latent_dim
         self.scale = spec.scale
+        self.prefill_kernels_compiled = False
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: ATOMMLAMetadata | None, output: torch.Tensor) -> torch.Tensor:
         if metadata is None:
             # Profiling and dummy runs have no batch. Zeros keep data-parallel ranks that run dummy
             # batches for their peers in step (vLLM's MLA does the same).
+            capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+            if not self.prefill_kernels_compiled and not capturing:
+                self.compile_prefill_kernels(q, kv_c, k_pe)
             return output.zero_()
         s, m = self.spec, metadata
         n, nope = m.num_actual_tokens, s.qk_nope_head_dim
@@ -185,6 +189,18 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
             latent = kv_cache[blocks, m.context_positions % block_size]
             output[d:n] = mla_prefill(s, q_full, latent, m.prefill_query_start_loc, m.prefill_context_start_loc)
         return output
+
+    def compile_prefill_kernels(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> None:
+        """Run the expanded prefill attention once on this layer's shapes during vLLM's batch-less
+        warm-up passes, so that Triton compiles it at start-up rather than on the first prompt (the
+        decode path compiles when vLLM captures its decode CUDA graphs). The result is discarded."""
+        self.prefill_kernels_compiled = True
+        n = min(q.shape[0], 16)
+        if n < 2:
+            return
+        cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+        latent = torch.cat([kv_c[:n], k_pe[:n].reshape(n, -1)], dim=-1)
+        mla_prefill(self.spec, q[:n].contiguous(), latent, cu_seqlens, cu_seqlens)
 
 
 class ATOMMLAAttention(nn.Module, AttentionLayerBase):
