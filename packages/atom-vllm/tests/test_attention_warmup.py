@@ -6,6 +6,7 @@ layer's own tensors, the MLA impl its expanded prefill, so that Triton compiles 
 vLLM's JIT monitor reported on the H200). On this CPU machine the same calls run the torch backend.
 """
 
+import pytest
 import torch
 
 import atom_kernels
@@ -44,9 +45,10 @@ def test_later_passes_and_sliding_window_with_sinks():
     assert torch.isnan(dummy_pass(impl, 16)).all()  # compiled once per layer: later passes skip it
 
 
-def test_single_token_pass_skips_warmup():
+@pytest.mark.parametrize("num_tokens", [1, 2])
+def test_too_small_pass_skips_warmup(num_tokens):
     impl = make_impl()
-    assert torch.isnan(dummy_pass(impl, 1)).all()
+    assert torch.isnan(dummy_pass(impl, num_tokens)).all()
     assert impl.prefill_kernels_compiled
 
 

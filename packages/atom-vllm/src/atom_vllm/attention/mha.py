@@ -208,7 +208,7 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         when vLLM captures its decode CUDA graphs. The results are discarded."""
         self.prefill_kernels_compiled = True
         n = min(query.shape[0], 16)
-        if n < 2:
+        if n < 3:  # the extend batch below needs more tokens than requests, or it is a decode batch
             return
         device = query.device
         int32 = dict(dtype=torch.int32, device=device)
