@@ -85,7 +85,6 @@ class RotaryEmbedding(nn.Module):
         )
 
 
-
 _shared: dict[tuple, RotaryEmbedding] | None = None
 
 
