@@ -1,8 +1,14 @@
 # Shared by ci/demo.sh and ci/test.sh: make sure uv exists, then sync the vLLM (CPU) environment.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# uv: already on PATH, else pip-installed (a user install where the system Python is read-only), else
+# Astral's standalone installer; the last two can put it in ~/.local/bin, off PATH.
+export PATH="$PATH:$HOME/.local/bin"
 if ! command -v uv >/dev/null 2>&1; then
-    python3 -m pip install --quiet uv
+    python3 -m pip install --quiet uv 2>/dev/null \
+        || python3 -m pip install --quiet --user --break-system-packages uv 2>/dev/null \
+        || curl -LsSf https://astral.sh/uv/install.sh | sh
+    hash -r
 fi
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 sync_vllm_env() {
