@@ -25,6 +25,19 @@ def checkpoint(model_dir: str) -> dict[str, torch.Tensor]:
     ("Qwen3ForCausalLM", "model.norm.weight"),
     ("Qwen3MoeForCausalLM", "model.layers.2.mlp.experts.4.down_proj.weight"),
     ("Qwen3MoeForCausalLM", "model.layers.0.mlp.experts.0.up_proj.weight"),
+    ("LlamaForCausalLM", "model.layers.2.self_attn.o_proj.bias"),
+    ("LlamaForCausalLM", "model.layers.0.mlp.up_proj.bias"),
+    ("MixtralForCausalLM", "model.layers.1.block_sparse_moe.experts.3.w3.weight"),
+    ("MixtralForCausalLM", "model.layers.2.block_sparse_moe.experts.5.w2.weight"),
+    ("MixtralForCausalLM", "model.layers.0.block_sparse_moe.gate.weight"),
+    ("Glm4MoeForCausalLM", "model.layers.1.mlp.gate.e_score_correction_bias"),
+    ("Glm4MoeForCausalLM", "model.layers.2.mlp.shared_experts.up_proj.weight"),
+    ("Glm4MoeForCausalLM", "model.layers.1.self_attn.k_norm.weight"),
+    ("GptOssForCausalLM", "model.layers.1.mlp.experts.gate_up_proj"),
+    ("GptOssForCausalLM", "model.layers.1.mlp.experts.gate_up_proj_bias"),
+    ("GptOssForCausalLM", "model.layers.0.mlp.experts.down_proj_bias"),
+    ("GptOssForCausalLM", "model.layers.2.mlp.router.bias"),
+    ("GptOssForCausalLM", "model.layers.0.self_attn.sinks"),
 ])
 def test_missing_tensor_is_named(tiny_model_dir, architecture, missing):
     model_dir = tiny_model_dir(architecture)
