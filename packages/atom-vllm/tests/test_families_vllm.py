@@ -26,7 +26,7 @@ from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
 from atom_vllm.attention.mha import ATOMAttentionImpl
 from atom_vllm.host_hooks import vllm_attention
 from vllm_testing import hf_greedy, run_vllm
-from test_vllm_parity import ATOM_IMPL, MAX_TOKENS, VLLM_CPU_IMPL, make_prompts, tokens_of
+from test_vllm_parity import ATOM_IMPL, MAX_TOKENS, VLLM_CPU_IMPL, make_prompts, parity_case, tokens_of
 
 pytestmark = pytest.mark.vllm
 
@@ -45,11 +45,7 @@ def wrapper_of(architecture: str) -> str:
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def case(request, tiny_model_dir):
-    architecture = request.param
-    model = tiny_model_dir(architecture)
-    phase1, phase2 = make_prompts()
-    expected = hf_greedy(model, phase1 + phase2, MAX_TOKENS)
-    return architecture, model, [phase1, phase2], expected
+    return parity_case(tiny_model_dir, request.param)
 
 
 def test_atom_matches_hf_with_chunked_prefill_and_prefix_cache(case):

@@ -9,7 +9,7 @@ Prompts, lengths and the shared-prefix second phase are test_vllm_parity's.
 import pytest
 
 from vllm_testing import hf_greedy, run_vllm
-from test_vllm_parity import MAX_TOKENS, make_prompts, tokens_of
+from test_vllm_parity import MAX_TOKENS, make_prompts, parity_case, tokens_of
 
 pytestmark = pytest.mark.vllm
 
@@ -19,9 +19,7 @@ MLA_IMPL = "atom_vllm.attention.mla.ATOMMLAImpl"
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def case(request, tiny_model_dir):
-    model = tiny_model_dir(request.param)
-    phase1, phase2 = make_prompts()
-    return model, [phase1, phase2], hf_greedy(model, phase1 + phase2, MAX_TOKENS)
+    return parity_case(tiny_model_dir, request.param)[1:]
 
 
 def assert_served_by_atom_mla(result) -> None:

@@ -33,13 +33,16 @@ def make_prompts() -> tuple[list[list[int]], list[list[int]]]:
     return phase1, phase2
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
-def case(request, tiny_model_dir):
-    architecture = request.param
+def parity_case(tiny_model_dir, architecture: str):
+    """(architecture, model dir, the two prompt phases, HF's greedy tokens for all their prompts)."""
     model = tiny_model_dir(architecture)
     phase1, phase2 = make_prompts()
-    expected = hf_greedy(model, phase1 + phase2, MAX_TOKENS)
-    return architecture, model, [phase1, phase2], expected
+    return architecture, model, [phase1, phase2], hf_greedy(model, phase1 + phase2, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def case(request, tiny_model_dir):
+    return parity_case(tiny_model_dir, request.param)
 
 
 def tokens_of(result) -> list[list[int]]:
