@@ -25,6 +25,7 @@ from atom_kernels.triton_utils import (
     next_pow2,
     sm_count,
 )
+from atom_kernels.tuned import tuned_config
 
 varlen_attention = define_op(
     "varlen_attention",
@@ -501,7 +502,7 @@ def _merge_splits_kernel(
 
 
 def attention_config(decode: bool, head_p2: int, heads: int, elem_size: int) -> dict[str, int]:
-    """Tile sizes: BLOCK_M query rows (tokens x heads of a group) by BLOCK_N keys per step.
+    """Built-in tile sizes: BLOCK_M query rows (tokens x heads of a group) by BLOCK_N keys per step.
 
     Prefill with 2-byte types takes 128-key steps (10-15% faster than 64 for prefill and extend in an
     H200 sweep at head_dim 128); fp32 tiles that large would not fit in shared memory.
@@ -518,6 +519,13 @@ def attention_config(decode: bool, head_p2: int, heads: int, elem_size: int) -> 
         block_n = 128 if elem_size <= 2 else 64
         return {"BLOCK_M": max(128, heads), "BLOCK_N": block_n, "num_warps": 8, "num_stages": 2}
     return {"BLOCK_M": max(64, heads), "BLOCK_N": 32, "num_warps": 8, "num_stages": 1}
+
+
+def attention_shape_key(paged: bool, head_dim: int, extra_dim: int, group: int, dtype) -> str:
+    """The key of a prefill/extend attention shape in the tuned tables (atom_kernels.tuned)."""
+    kind = "extend" if paged else "prefill"
+    dtype_name = str(dtype).split(".")[-1]
+    return f"{kind},head_dim={head_dim},extra={extra_dim},group={group},dtype={dtype_name}"
 
 
 def launch_attention(
@@ -538,12 +546,14 @@ def launch_attention(
     heads_per_program: int | None = None,
     num_splits: int = 1,
     decode: bool = False,
+    config: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """Run :func:`_attention_kernel`.
 
     q [T, H, head_dim + extra]; out [T, H, head_dim]. Paged when ``block_table`` is given: k and v are
     [num_blocks, block_size, KH, *] caches; otherwise [total_kv, KH, *] with ``kv_start`` offsets. The
-    values are k's first ``head_dim`` channels when ``v is k`` (MLA).
+    values are k's first ``head_dim`` channels when ``v is k`` (MLA). ``config`` (HEADS, BLOCK_M,
+    BLOCK_N, num_warps, num_stages) overrides the tuned table and the defaults: the tuner's candidates.
     """
     num_tokens, num_heads = q.shape[0], q.shape[1]
     paged = block_table is not None
@@ -564,8 +574,15 @@ def launch_attention(
     # tl.dot needs every dim >= 16.
     head_p2 = max(16, next_pow2(head_dim))
     extra_p2 = max(16, next_pow2(extra_dim)) if extra_dim else 0
-    heads = heads_per_program or min(next_pow2(group), 16)
-    config = attention_config(decode, head_p2, heads, q.element_size())
+    if config is None and not decode and heads_per_program is None:
+        key = attention_shape_key(paged, head_dim, extra_dim, group, q.dtype)
+        config = tuned_config("attention", key, 0, q.device)
+    if config is not None:
+        config = dict(config)
+        heads = config.pop("HEADS")
+    else:
+        heads = heads_per_program or min(next_pow2(group), 16)
+        config = attention_config(decode, head_p2, heads, q.element_size())
     block_m = config["BLOCK_M"]
     window = sliding_window if sliding_window is not None and sliding_window > 0 else 0
     if paged:

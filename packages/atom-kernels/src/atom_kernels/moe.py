@@ -30,7 +30,12 @@ from atom_kernels.activation import (
     silu_and_mul_torch,
 )
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, dot_precision, next_pow2
+from atom_kernels.triton_utils import (
+    check_last_dim_contiguous,
+    dot_precision,
+    next_pow2,
+)
+from atom_kernels.tuned import all_tuned_configs, tuned_config
 
 topk_softmax = define_op(
     "topk_softmax", "topk_softmax(router_logits, top_k, renormalize) -> (weights fp32, ids int32)"
@@ -39,6 +44,14 @@ grouped_topk = define_op(
     "grouped_topk",
     "grouped_topk(router_logits, top_k, num_expert_group, topk_group, renormalize, scoring_func, "
     "e_score_correction_bias, routed_scaling_factor) -> (weights fp32, ids int32)",
+)
+moe_align_block_size = define_op(
+    "moe_align_block_size",
+    "moe_align_block_size(topk_ids, num_experts, block_m) -> (sorted_ids, block_expert): the (token, k)"
+    " entries grouped by expert, each expert's run padded to a multiple of block_m. sorted_ids holds"
+    " entry indices token * top_k + k (padding: topk_ids.numel()); block_expert is the expert of each"
+    " block_m rows (-1 past the last run). Sizes follow from the shapes alone (nothing is read back to"
+    " the host); the order of entries within a run is backend-defined.",
 )
 fused_moe = define_op(
     "fused_moe",
@@ -390,15 +403,10 @@ def grouped_topk_triton(
 # 4. The top_k rows of each token are summed.
 
 
-def moe_align_block_size(
+@moe_align_block_size.register("torch")
+def moe_align_block_size_torch(
     topk_ids: torch.Tensor, num_experts: int, block_m: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort (token, k) entries by expert, each expert's run padded to a multiple of ``block_m``.
-
-    Returns ``sorted_ids`` (entry index ``token * top_k + k``, padding = ``topk_ids.numel()``) and
-    ``block_expert`` (the expert of each ``block_m`` rows; -1 past the last used block). Sizes are
-    upper bounds known from the shapes alone, so nothing is read back to the host.
-    """
     flat = topk_ids.reshape(-1).long()
     num_entries = flat.numel()
     counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device)
@@ -411,13 +419,93 @@ def moe_align_block_size(
         torch.arange(num_entries, device=flat.device) - (counts.cumsum(0) - counts)[sorted_experts]
     )
     dest = (padded_end - padded)[sorted_experts] + rank
-    capacity = num_entries + min(num_experts, num_entries) * (block_m - 1)
-    capacity = triton.cdiv(capacity, block_m) * block_m
+    capacity = align_capacity(num_entries, num_experts, block_m)
     sorted_ids = torch.full((capacity,), num_entries, dtype=torch.int32, device=flat.device)
     sorted_ids[dest] = order.to(torch.int32)
     block_starts = torch.arange(0, capacity, block_m, device=flat.device)
     block_expert = torch.searchsorted(padded_end, block_starts, right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_ids, block_expert
+
+
+def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
+    """Rows of the padded sort: every entry plus, per used expert, the padding of its last block."""
+    capacity = num_entries + min(num_experts, num_entries) * (block_m - 1)
+    return triton.cdiv(capacity, block_m) * block_m
+
+
+@triton.jit(do_not_specialize=["num_entries", "capacity"])
+def _moe_align_kernel(
+    ids_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    cursor_ptr,
+    num_entries,
+    num_experts,
+    capacity,
+    BLOCK_M: tl.constexpr,
+    E_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCKS_CHUNK: tl.constexpr,
+):
+    """One program: count entries per expert, lay out the padded runs, then scatter each entry to
+    its expert's next free row (an atomic cursor per expert, so the order within a run is arbitrary;
+    each row's GEMM result does not depend on its neighbours)."""
+    experts = tl.arange(0, E_P2)
+    counts = tl.zeros([E_P2], tl.int32)
+    for start in range(0, num_entries, CHUNK):
+        entries = start + tl.arange(0, CHUNK)
+        valid = entries < num_entries
+        counts += tl.histogram(tl.load(ids_ptr + entries, mask=valid, other=0), E_P2, mask=valid)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    run_end = tl.cumsum(padded, axis=0)
+    tl.store(cursor_ptr + experts, run_end - padded)
+    for start in range(0, capacity, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        tl.store(sorted_ids_ptr + rows, num_entries, mask=rows < capacity)
+    # Block b belongs to the first expert whose run ends after its first row (-1: past every run).
+    for start in range(0, capacity // BLOCK_M, BLOCKS_CHUNK):
+        blocks = start + tl.arange(0, BLOCKS_CHUNK)
+        owner = tl.sum((run_end[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1)
+        owner = tl.where(owner < num_experts, owner, -1)
+        tl.store(block_expert_ptr + blocks, owner, mask=blocks < capacity // BLOCK_M)
+    tl.debug_barrier()
+    for start in range(0, num_entries, CHUNK):
+        entries = start + tl.arange(0, CHUNK)
+        valid = entries < num_entries
+        expert = tl.load(ids_ptr + entries, mask=valid, other=0)
+        row = tl.atomic_add(cursor_ptr + expert, 1, mask=valid)
+        tl.store(sorted_ids_ptr + row, entries, mask=valid)
+
+
+@moe_align_block_size.register("triton")
+def moe_align_block_size_triton(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32:
+        ids = ids.to(torch.int32)
+    num_entries = ids.numel()
+    capacity = align_capacity(num_entries, num_experts, block_m)
+    device = ids.device
+    sorted_ids = torch.empty((capacity,), dtype=torch.int32, device=device)
+    block_expert = torch.empty((capacity // block_m,), dtype=torch.int32, device=device)
+    e_p2 = next_pow2(num_experts)
+    cursor = torch.empty((e_p2,), dtype=torch.int32, device=device)
+    _moe_align_kernel[(1,)](
+        ids,
+        sorted_ids,
+        block_expert,
+        cursor,
+        num_entries,
+        num_experts,
+        capacity,
+        BLOCK_M=block_m,
+        E_P2=e_p2,
+        CHUNK=1024,
+        BLOCKS_CHUNK=max(16, 8192 // e_p2),
+        num_warps=8,
+    )
     return sorted_ids, block_expert
 
 
@@ -452,6 +540,7 @@ def _moe_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     # Grouped program order: GROUP_M row blocks share each weight column block while it is in L2.
     pid = tl.program_id(0)
@@ -468,26 +557,36 @@ def _moe_gemm_kernel(
         return
     entries = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     row_valid = entries < num_entries
-    a_rows = a_ptr + (entries // A_ROW_DIVISOR).to(tl.int64)[:, None] * a_stride
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_valid = cols < N
+    # Padding rows read row 0 and columns past N wrap around: the loads stay in bounds without
+    # masks, and the store drops those rows and columns.
+    a_rows = (
+        a_ptr + tl.where(row_valid, entries // A_ROW_DIVISOR, 0).to(tl.int64)[:, None] * a_stride
+    )
     w_expert = w_ptr + expert * w_stride_e
     # Gate/up row n of w13 is n * gate_up_step (+ up_offset for up): step 1 and offset I for the
     # stacked [gate | up] layout, step 2 and offset 1 for interleaved rows.
-    w_cols = w_expert + (cols * gate_up_step).to(tl.int64)[None, :] * w_stride_n
+    w_rows = (cols % N) * gate_up_step
+    w_cols = w_expert + w_rows.to(tl.int64)[None, :] * w_stride_n
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if GATED:
-        up_cols = w_expert + (cols * gate_up_step + up_offset).to(tl.int64)[None, :] * w_stride_n
+        up_cols = w_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_stride_n
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_valid = ks < K
-        a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & k_valid[None, :], other=0.0)
-        w_mask = k_valid[:, None] & col_valid[None, :]
-        w = tl.load(w_cols + ks[:, None], mask=w_mask, other=0.0)
+        if EVEN_K:
+            a = tl.load(a_rows + ks[None, :])
+            w = tl.load(w_cols + ks[:, None])
+        else:
+            a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+            w = tl.load(w_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         if GATED:
-            w_up = tl.load(up_cols + ks[:, None], mask=w_mask, other=0.0)
+            if EVEN_K:
+                w_up = tl.load(up_cols + ks[:, None])
+            else:
+                w_up = tl.load(up_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
             acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
 
     if HAS_BIAS:
@@ -509,38 +608,35 @@ def _moe_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & col_valid[None, :])
 
 
-def _moe_config(num_entries: int, num_experts: int) -> dict[str, int]:
-    """Tile sizes by the expected rows per expert (Hopper-minded defaults, no autotuning)."""
+def default_moe_config(num_entries: int, num_experts: int) -> dict:
+    """Tile sizes by the expected rows per expert, for GPUs with no tuned table: one row block size
+    (it fixes the sort's padding) and the same tiles for both GEMMs."""
     rows_per_expert = num_entries / num_experts
     if rows_per_expert <= 16:
-        return {
-            "BLOCK_M": 16,
-            "BLOCK_N": 64,
-            "BLOCK_K": 128,
-            "GROUP_M": 1,
-            "num_warps": 4,
-            "num_stages": 3,
-        }
-    if rows_per_expert <= 64:
-        return {
-            "BLOCK_M": 32,
-            "BLOCK_N": 64,
-            "BLOCK_K": 128,
-            "GROUP_M": 4,
-            "num_warps": 4,
-            "num_stages": 3,
-        }
-    return {
-        "BLOCK_M": 64,
-        "BLOCK_N": 128,
-        "BLOCK_K": 64,
-        "GROUP_M": 8,
-        "num_warps": 8,
-        "num_stages": 3,
-    }
+        block_m, tiles = 16, {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4}
+    elif rows_per_expert <= 64:
+        block_m, tiles = 32, {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4}
+    else:
+        block_m, tiles = 64, {"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}
+    tiles["num_stages"] = 3
+    return {"BLOCK_M": block_m, "gate_up": tiles, "down": tiles}
 
 
-def _launch_moe_gemm(
+def moe_shape_key(num_experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
+    """The key of a fused-MoE shape in the tuned tables (atom_kernels.tuned)."""
+    return f"E={num_experts},D={hidden},I={inter},top_k={top_k},dtype={str(dtype).split('.')[-1]}"
+
+
+def moe_config(
+    num_tokens: int, num_experts: int, hidden: int, inter: int, top_k: int, x: torch.Tensor
+) -> dict:
+    """{"BLOCK_M", "gate_up": tiles, "down": tiles}: this GPU's tuned entry, else the defaults."""
+    key = moe_shape_key(num_experts, hidden, inter, top_k, x.dtype)
+    tuned = tuned_config("fused_moe", key, num_tokens, x.device)
+    return tuned or default_moe_config(num_tokens * top_k, num_experts)
+
+
+def launch_moe_gemm(
     a: torch.Tensor,
     w: torch.Tensor,
     bias: torch.Tensor | None,
@@ -550,7 +646,8 @@ def _launch_moe_gemm(
     block_expert: torch.Tensor,
     num_entries: int,
     a_row_divisor: int,
-    config: dict[str, int],
+    block_m: int,
+    tiles: dict[str, int],
     *,
     gated: bool = False,
     act: int = ACT_SILU,
@@ -562,7 +659,7 @@ def _launch_moe_gemm(
     up_offset, step = (1, 2) if interleaved else (n, 1)
     if not gated:
         up_offset, step = 0, 1
-    grid = (block_expert.shape[0] * triton.cdiv(n, config["BLOCK_N"]),)
+    grid = (block_expert.shape[0] * triton.cdiv(n, tiles["BLOCK_N"]),)
     _moe_gemm_kernel[grid](
         a,
         w,
@@ -589,7 +686,9 @@ def _launch_moe_gemm(
         HAS_BIAS=bias is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
         DOT_PRECISION=dot_precision(a.dtype),
-        **config,
+        EVEN_K=k % tiles["BLOCK_K"] == 0,
+        BLOCK_M=block_m,
+        **tiles,
     )
 
 
@@ -628,13 +727,54 @@ def fused_moe_triton(
     for name, t in (("x", x), ("w13", w13), ("w2", w2)):
         check_last_dim_contiguous(name, t)
     top_k = topk_ids.shape[1]
-    num_entries = num_tokens * top_k
-    if num_entries == 0:
+    if num_tokens == 0:
         return torch.zeros_like(x)
-    config = _moe_config(num_entries, num_experts)
-    sorted_ids, block_expert = moe_align_block_size(topk_ids, num_experts, config["BLOCK_M"])
+    gemm_options = {
+        "act": ACTIVATIONS[activation],
+        "interleaved": interleaved,
+        "alpha": swiglu_alpha,
+        "limit": swiglu_limit,
+        "w13_bias": w13_bias,
+        "w2_bias": w2_bias,
+    }
+    key = moe_shape_key(num_experts, hidden, inter, top_k, x.dtype)
+    if x.is_cuda and key not in _compiled_shapes and not torch.cuda.is_current_stream_capturing():
+        # Compile every tuned config of this shape now (one token each), before serving starts,
+        # rather than the first time a batch size falls into its bucket.
+        _compiled_shapes.add(key)
+        for config in all_tuned_configs("fused_moe", key, x.device):
+            run_fused_moe(x[:1], w13, w2, topk_weights[:1], topk_ids[:1], config, **gemm_options)
+    config = moe_config(num_tokens, num_experts, hidden, inter, top_k, x)
+    return run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, **gemm_options)
+
+
+_compiled_shapes: set[str] = set()
+
+
+def run_fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: dict,
+    *,
+    act: int = ACT_SILU,
+    interleaved: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Triton fused MoE with a given tile config (:func:`moe_config`'s form); no checks."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w2.shape[2]
+    top_k = topk_ids.shape[1]
+    num_entries = num_tokens * top_k
+    block_m = config["BLOCK_M"]
+    sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
-    _launch_moe_gemm(
+    launch_moe_gemm(
         x,
         w13,
         w13_bias,
@@ -644,15 +784,16 @@ def fused_moe_triton(
         block_expert,
         num_entries,
         top_k,
-        config,
+        block_m,
+        config["gate_up"],
         gated=True,
-        act=ACTIVATIONS[activation],
+        act=act,
         interleaved=interleaved,
-        alpha=swiglu_alpha,
-        limit=swiglu_limit,
+        alpha=alpha,
+        limit=limit,
     )
     expert_out = torch.empty((num_entries, hidden), dtype=x.dtype, device=x.device)
-    _launch_moe_gemm(
+    launch_moe_gemm(
         hidden_states,
         w2,
         w2_bias,
@@ -662,6 +803,7 @@ def fused_moe_triton(
         block_expert,
         num_entries,
         1,
-        config,
+        block_m,
+        config["down"],
     )
     return expert_out.view(num_tokens, top_k, hidden).sum(dim=1)
