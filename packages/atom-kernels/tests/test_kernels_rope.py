@@ -26,6 +26,30 @@ def reference_rope(x, positions, inv_freq, head_size, rotary_dim, is_neox):
     return heads.reshape(x.shape)
 
 
+def reference_head_rms_norm(x, weight, head_size, eps):
+    heads = x.double().reshape(x.shape[0], -1, head_size)
+    rms = torch.sqrt(heads.pow(2).mean(-1, keepdim=True) + eps)
+    return (heads / rms * weight.double()).reshape(x.shape)
+
+
+def rope_inputs(num_tokens, rotary_dim, max_position=4096):
+    """inv_freq, its cos/sin cache and random positions."""
+    inv_freq = default_inv_freq(rotary_dim, 10000.0)
+    cache = compute_cos_sin_cache(inv_freq, max_position).to(DEVICE)
+    positions = torch.randint(0, max_position, (num_tokens,), device=DEVICE)
+    return inv_freq, cache, positions
+
+
+def qk_views(num_tokens, heads, kv_heads, head_size, dtype, scale=1.0):
+    """q [T, H * D] and k [T, KH, D] as views into one fused qkv row, as attention layers make them."""
+    qkv = rand(num_tokens, (heads + 2 * kv_heads) * head_size, dtype=dtype, scale=scale)
+    q = qkv[:, : heads * head_size]
+    k = qkv[:, heads * head_size : (heads + kv_heads) * head_size].view(
+        num_tokens, kv_heads, head_size
+    )
+    return q, k
+
+
 @backends
 @float_dtypes
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
@@ -35,16 +59,9 @@ def reference_rope(x, positions, inv_freq, head_size, rotary_dim, is_neox):
     ids=["full", "partial-half", "partial-odd-head"],
 )
 def test_rotary_embedding(backend, dtype, is_neox, heads, kv_heads, head_size, rotary_dim):
-    num_tokens, max_position = 11, 4096
-    inv_freq = default_inv_freq(rotary_dim, 10000.0)
-    cache = compute_cos_sin_cache(inv_freq, max_position).to(DEVICE)
-    positions = torch.randint(0, max_position, (num_tokens,), device=DEVICE)
-    # q and k as views into one fused qkv row, the way attention layers produce them.
-    qkv = rand(num_tokens, (heads + 2 * kv_heads) * head_size, dtype=dtype)
-    q = qkv[:, : heads * head_size]
-    k = qkv[:, heads * head_size : (heads + kv_heads) * head_size].view(
-        num_tokens, kv_heads, head_size
-    )
+    num_tokens = 11
+    inv_freq, cache, positions = rope_inputs(num_tokens, rotary_dim)
+    q, k = qk_views(num_tokens, heads, kv_heads, head_size, dtype)
     q_before, k_before = q.clone(), k.clone()
     q_out, k_out = impl("rotary_embedding", backend)(positions, q, k, cache, head_size, is_neox)
     assert q_out.shape == q.shape and k_out.shape == k.shape
@@ -55,6 +72,58 @@ def test_rotary_embedding(backend, dtype, is_neox, heads, kv_heads, head_size, r
     assert_close(
         k_out, reference_rope(k, positions, inv_freq, head_size, rotary_dim, is_neox), dtype
     )
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_size, rotary_dim",
+    [(4, 2, 64, 64), (3, 1, 128, 64), (2, 2, 80, 32)],
+    ids=["full", "partial-half", "partial-odd-head"],
+)
+@pytest.mark.parametrize("num_tokens", [1, 7])
+def test_qk_norm_rope(backend, dtype, is_neox, heads, kv_heads, head_size, rotary_dim, num_tokens):
+    eps = 1e-6
+    inv_freq, cache, positions = rope_inputs(num_tokens, rotary_dim)
+    q, k = qk_views(num_tokens, heads, kv_heads, head_size, dtype, scale=3.0)
+    q_weight, k_weight = rand(head_size, dtype=dtype), rand(head_size, dtype=dtype)
+    q_before, k_before = q.clone(), k.clone()
+    q_out, k_out = impl("qk_norm_rope", backend)(
+        positions, q, k, q_weight, k_weight, eps, cache, head_size, is_neox
+    )
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == dtype
+    assert torch.equal(q, q_before) and torch.equal(k, k_before), "inputs must not be modified"
+    for out, x, weight in ((q_out, q, q_weight), (k_out, k, k_weight)):
+        normed = reference_head_rms_norm(x, weight, head_size, eps)
+        expected = reference_rope(normed, positions, inv_freq, head_size, rotary_dim, is_neox)
+        # Two roundings, as in the unfused path: the normalised head, then the rotated one.
+        assert_close(out, expected, dtype, "accumulated")
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_qk_norm_rope_reference_is_rms_norm_then_rotary_embedding(is_neox):
+    num_tokens, heads, kv_heads, head_size, rotary_dim, eps = 5, 4, 2, 80, 32, 1e-5
+    _, cache, positions = rope_inputs(num_tokens, rotary_dim)
+    q, k = qk_views(num_tokens, heads, kv_heads, head_size, torch.bfloat16, scale=3.0)
+    q_weight, k_weight = rand(head_size, dtype=torch.bfloat16), rand(head_size, dtype=torch.bfloat16)
+    q_normed = impl("rms_norm", "torch")(q.view(num_tokens, heads, head_size), q_weight, eps)
+    k_normed = impl("rms_norm", "torch")(k, k_weight, eps)
+    expected = impl("rotary_embedding", "torch")(
+        positions, q_normed.view(q.shape), k_normed, cache, head_size, is_neox
+    )
+    got = impl("qk_norm_rope", "torch")(
+        positions, q, k, q_weight, k_weight, eps, cache, head_size, is_neox
+    )
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(g, e)
+
+
+def test_qk_norm_rope_rejects_wrong_weight():
+    _, cache, positions = rope_inputs(2, 64)
+    q, k = qk_views(2, 2, 1, 64, torch.float32)
+    with pytest.raises(ValueError, match="k_weight shape"):
+        impl("qk_norm_rope", "triton")(positions, q, k, rand(64), rand(32), 1e-6, cache, 64, True)
 
 
 def test_default_cache_matches_definition():

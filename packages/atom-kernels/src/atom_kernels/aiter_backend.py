@@ -24,7 +24,14 @@ from atom_kernels.attention import paged_attention, varlen_attention
 from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
 from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
 from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
-from atom_kernels.moe import fused_moe, fused_moe_triton, grouped_topk, topk_softmax
+from atom_kernels.moe import (
+    fused_moe,
+    fused_moe_triton,
+    grouped_topk,
+    moe_align_block_size,
+    moe_align_block_size_triton,
+    topk_softmax,
+)
 from atom_kernels.norm import fused_add_rms_norm, rms_norm
 from atom_kernels.quant import (
     FP8_DTYPE,
@@ -32,7 +39,7 @@ from atom_kernels.quant import (
     per_tensor_quant_fp8,
     per_token_quant_fp8,
 )
-from atom_kernels.rope import rotary_embedding
+from atom_kernels.rope import qk_norm_rope, qk_norm_rope_triton, rotary_embedding
 
 
 @rms_norm.register("aiter")
@@ -104,6 +111,10 @@ def rotary_embedding_aiter(
         False,
     )
     return q_out.view(q.shape), k_out.view(k.shape)
+
+
+# AITER has no fused per-head RMSNorm + rotary of this signature: QK-norm models run our Triton kernel.
+qk_norm_rope.register("aiter")(qk_norm_rope_triton)
 
 
 @reshape_and_cache.register("aiter")
@@ -369,6 +380,11 @@ def grouped_topk_aiter(
             routed_scaling_factor,
         )
     return weights, ids
+
+
+# AITER's fused_moe sorts inside itself; its standalone sort has another output layout, so the
+# aiter backend of this op (used only by the Triton fused MoE) is our Triton kernel.
+moe_align_block_size.register("aiter")(moe_align_block_size_triton)
 
 
 @fused_moe.register("aiter")

@@ -47,6 +47,9 @@ SCHEMAS: dict[str, tuple[str, Callable]] = {
     "rotary_embedding": (
         "(Tensor positions, Tensor q, Tensor k, Tensor cos_sin_cache, int head_size, bool is_neox)"
         " -> (Tensor, Tensor)", _rope),
+    "qk_norm_rope": (
+        "(Tensor positions, Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps,"
+        " Tensor cos_sin_cache, int head_size, bool is_neox) -> (Tensor, Tensor)", _rope),
     "silu_and_mul": ("(Tensor x) -> Tensor", _gated),
     "gelu_and_mul": ("(Tensor x, str approximate='none') -> Tensor", _gated),
     "clamped_swiglu": (

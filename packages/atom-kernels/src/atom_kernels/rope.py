@@ -3,7 +3,8 @@
 ``cos_sin_cache`` is [max_position, rotary_dim] holding [cos | sin] halves (each rotary_dim / 2).
 q and k are [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size]; only the first
 ``rotary_dim`` channels of each head rotate (partial rotary). ``is_neox`` selects the rotate-half
-(neox) pairing; otherwise interleaved (gptj) pairs.
+(neox) pairing; otherwise interleaved (gptj) pairs. ``qk_norm_rope`` first RMS-normalises each head
+(QK-norm, as Qwen3) in the same pass.
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.norm import rms_norm_torch
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import next_pow2
+from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
 rotary_embedding = define_op(
     "rotary_embedding",
     "rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox) -> (q, k)",
+)
+qk_norm_rope = define_op(
+    "qk_norm_rope",
+    "qk_norm_rope(positions, q, k, q_weight, k_weight, eps, cos_sin_cache, head_size, is_neox)"
+    " -> (q, k): rms_norm over each head of q and of k, then rotary_embedding",
 )
 
 
@@ -141,21 +148,54 @@ def rotary_embedding_torch(
     return apply(q), apply(k)
 
 
+@qk_norm_rope.register("torch")
+def qk_norm_rope_torch(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm_torch(x.reshape(x.shape[0], -1, head_size), weight, eps).reshape(x.shape)
+
+    return rotary_embedding_torch(
+        positions, norm(q, q_weight), norm(k, k_weight), cos_sin_cache, head_size, is_neox
+    )
+
+
+@triton.jit
+def _rms_scaled(x, rstd, w_ptrs, w_mask, OUT_DTYPE: tl.constexpr):
+    """``x * rstd * w`` rounded to the output dtype, as rms_norm hands it to rotary_embedding."""
+    w = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
+    return (x * rstd * w).to(OUT_DTYPE).to(tl.float32)
+
+
 @triton.jit
 def _rope_heads(
     src_ptr,
     dst_ptr,
+    w_ptr,
     num_heads,
     head_size,
+    eps,
     cos,
     sin,
     IS_NEOX: tl.constexpr,
+    NORM: tl.constexpr,
     HALF: tl.constexpr,
     HEADS_P2: tl.constexpr,
     HALF_P2: tl.constexpr,
     PASS_P2: tl.constexpr,
 ):
-    """Rotate the first 2 * HALF channels of each of ``num_heads`` heads of one token; copy the rest."""
+    """Rotate the first 2 * HALF channels of each of ``num_heads`` heads of one token; copy the rest.
+
+    With NORM, each head is first RMS-normalised over all its channels and scaled by ``w_ptr``.
+    """
     heads = tl.arange(0, HEADS_P2)[:, None]
     pairs = tl.arange(0, HALF_P2)[None, :]
     mask = (heads < num_heads) & (pairs < HALF)
@@ -165,14 +205,27 @@ def _rope_heads(
         first, second = 2 * pairs, 2 * pairs + 1
     src = src_ptr + heads * head_size
     dst = dst_ptr + heads * head_size
+    out_dtype = dst_ptr.dtype.element_ty
     x1 = tl.load(src + first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + second, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dst + first, (x1 * cos - x2 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + second, (x2 * cos + x1 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
     if PASS_P2 > 0:
         rest = 2 * HALF + tl.arange(0, PASS_P2)[None, :]
         rest_mask = (heads < num_heads) & (rest < head_size)
-        tl.store(dst + rest, tl.load(src + rest, mask=rest_mask), mask=rest_mask)
+        x_rest = tl.load(src + rest, mask=rest_mask, other=0.0)
+    if NORM:
+        sum_sq = tl.sum(x1 * x1 + x2 * x2, axis=1)
+        if PASS_P2 > 0:
+            x_rest = x_rest.to(tl.float32)
+            sum_sq += tl.sum(x_rest * x_rest, axis=1)
+        rstd = tl.rsqrt(sum_sq / head_size + eps)[:, None]
+        x1 = _rms_scaled(x1, rstd, w_ptr + first, pairs < HALF, out_dtype)
+        x2 = _rms_scaled(x2, rstd, w_ptr + second, pairs < HALF, out_dtype)
+        if PASS_P2 > 0:
+            x_rest = _rms_scaled(x_rest, rstd, w_ptr + rest, rest < head_size, out_dtype)
+    tl.store(dst + first, (x1 * cos - x2 * sin).to(out_dtype), mask=mask)
+    tl.store(dst + second, (x2 * cos + x1 * sin).to(out_dtype), mask=mask)
+    if PASS_P2 > 0:
+        tl.store(dst + rest, x_rest.to(out_dtype), mask=rest_mask)
 
 
 @triton.jit
@@ -183,13 +236,17 @@ def _rotary_embedding_kernel(
     q_out_ptr,
     k_out_ptr,
     cache_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
     q_token_stride,
     k_token_stride,
     cache_stride,
     num_q_heads,
     num_k_heads,
     head_size,
+    eps,
     IS_NEOX: tl.constexpr,
+    NORM: tl.constexpr,
     HALF: tl.constexpr,
     HALF_P2: tl.constexpr,
     Q_HEADS_P2: tl.constexpr,
@@ -208,11 +265,14 @@ def _rotary_embedding_kernel(
     _rope_heads(
         q_ptr + token * q_token_stride,
         q_out_ptr + token * num_q_heads * head_size,
+        q_weight_ptr,
         num_q_heads,
         head_size,
+        eps,
         cos,
         sin,
         IS_NEOX,
+        NORM,
         HALF,
         Q_HEADS_P2,
         HALF_P2,
@@ -221,11 +281,14 @@ def _rotary_embedding_kernel(
     _rope_heads(
         k_ptr + token * k_token_stride,
         k_out_ptr + token * num_k_heads * head_size,
+        k_weight_ptr,
         num_k_heads,
         head_size,
+        eps,
         cos,
         sin,
         IS_NEOX,
+        NORM,
         HALF,
         K_HEADS_P2,
         HALF_P2,
@@ -245,15 +308,18 @@ def _token_rows(name: str, x: torch.Tensor, head_size: int) -> torch.Tensor:
     return rows
 
 
-@rotary_embedding.register("triton")
-def rotary_embedding_triton(
+def _launch_rope(
     positions: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     head_size: int,
     is_neox: bool,
+    q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding of q and k, after per-head RMSNorm when the norm weights are given."""
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size:
         raise ValueError(
@@ -280,13 +346,17 @@ def rotary_embedding_triton(
         q_out,
         k_out,
         cos_sin_cache,
+        q_rows if q_weight is None else q_weight,  # not read without NORM
+        k_rows if k_weight is None else k_weight,
         q_rows.stride(0),
         k_rows.stride(0),
         cos_sin_cache.stride(0),
         num_q_heads,
         num_k_heads,
         head_size,
+        eps,
         IS_NEOX=is_neox,
+        NORM=q_weight is not None,
         HALF=rotary_dim // 2,
         HALF_P2=next_pow2(rotary_dim // 2),
         Q_HEADS_P2=next_pow2(num_q_heads),
@@ -295,3 +365,36 @@ def rotary_embedding_triton(
         num_warps=4,
     )
     return q_out, k_out
+
+
+@rotary_embedding.register("triton")
+def rotary_embedding_triton(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_rope(positions, q, k, cos_sin_cache, head_size, is_neox)
+
+
+@qk_norm_rope.register("triton")
+def qk_norm_rope_triton(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if weight.shape != (head_size,):
+            raise ValueError(f"qk_norm_rope: {name} shape {tuple(weight.shape)} != ({head_size},)")
+        check_last_dim_contiguous(f"qk_norm_rope {name}", weight)
+    return _launch_rope(
+        positions, q, k, cos_sin_cache, head_size, is_neox, q_weight, k_weight, eps
+    )

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import atom_kernels
+from atom_core.layers.norm import RMSNorm
 from atom_kernels import rope as rope_ops
 
 
@@ -82,6 +83,17 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         return atom_kernels.rotary_embedding(
             positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox
+        )
+
+    def forward_with_qk_norm(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm,
+        k_norm: RMSNorm,
+    ):
+        """``forward`` of q and k after ``q_norm`` / ``k_norm`` over each head, in one kernel. The
+        two norms share ``q_norm.eps`` (the attention block builds both from one eps)."""
+        return atom_kernels.qk_norm_rope(
+            positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, self.cos_sin_cache,
+            self.head_size, self.is_neox,
         )
 
 

@@ -80,11 +80,10 @@ class DecoderSelfAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
-            # Per-head views of the split (no copy: the norm kernels take strided rows).
-            q = self.q_norm(q.view(-1, self.qkv_proj.num_heads, self.head_dim)).view(q.shape)
-            k = self.k_norm(k.view(-1, self.qkv_proj.num_kv_heads, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.q_norm is None:
+            q, k = self.rotary_emb(positions, q, k)
+        else:
+            q, k = self.rotary_emb.forward_with_qk_norm(positions, q, k, self.q_norm, self.k_norm)
         return self.o_proj(self.attn(q, k, v))
 
 
