@@ -259,12 +259,20 @@ def test_moe_align_block_size(backend):
 
 @backends
 @pytest.mark.parametrize(
-    "num_tokens, num_experts, top_k, block_m",
-    [(1, 8, 2, 16), (300, 64, 6, 16), (2000, 128, 8, 64)],
+    "num_tokens, num_experts, top_k, block_m, skewed",
+    [
+        (1, 8, 2, 16, False),
+        (300, 64, 6, 16, False),
+        (2000, 128, 8, 64, False),  # 16 chunks of 1024 entries
+        (2100, 128, 8, 128, False),  # past 16384 entries: chunks of 4096
+        (700, 60, 4, 32, True),  # most entries on two experts, many experts empty
+    ],
 )
-def test_moe_align_block_size_random(backend, num_tokens, num_experts, top_k, block_m):
+def test_moe_align_block_size_random(backend, num_tokens, num_experts, top_k, block_m, skewed):
     """Every entry lands once, in a block of its own expert; blocks past the runs are all padding."""
     _, ids = routing(num_tokens, num_experts, top_k)
+    if skewed:
+        ids = torch.where(torch.rand(ids.shape, device=DEVICE) < 0.9, ids % 2 + 7, ids)
     sorted_ids, block_expert = impl("moe_align_block_size", backend)(
         ids, num_experts, block_m
     )

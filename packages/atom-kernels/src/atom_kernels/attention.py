@@ -203,6 +203,7 @@ def _attend_tiles(
     USE_WINDOW: tl.constexpr,
     V_IS_K: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_P2: tl.constexpr,
     EXTRA_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -218,11 +219,14 @@ def _attend_tiles(
         else:
             k_off = (kv_start + kv_idx).to(tl.int64) * k_stride_t
             v_off = (kv_start + kv_idx).to(tl.int64) * v_stride_t
-        k = tl.load(
-            k_head + k_off[None, :] + dims[:, None],
-            mask=kv_valid[None, :] & (dims < HEAD_DIM)[:, None],
-            other=0.0,
-        )
+        if MASKED or HEAD_DIM != HEAD_P2:
+            k = tl.load(
+                k_head + k_off[None, :] + dims[:, None],
+                mask=kv_valid[None, :] & (dims < HEAD_DIM)[:, None],
+                other=0.0,
+            )
+        else:  # a full tile: every key is valid
+            k = tl.load(k_head + k_off[None, :] + dims[:, None])
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
         if EXTRA_DIM > 0:
             k_extra = tl.load(
@@ -231,7 +235,7 @@ def _attend_tiles(
                 other=0.0,
             )
             s += tl.dot(q_extra, k_extra, input_precision=DOT_PRECISION)
-        s = s * qk_scale
+        # Scores stay unscaled: the scale joins the exponent as one multiply-add (qk_scale > 0).
         if MASKED:
             visible = tl.broadcast_to(kv_valid[None, :], s.shape)
             if CAUSAL:
@@ -239,22 +243,25 @@ def _attend_tiles(
             if USE_WINDOW:
                 visible &= kv_idx[None, :] > q_pos[:, None] - sliding_window
             s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
             m_safe = m_new
         alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
+        p = tl.exp2(s * qk_scale - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if V_IS_K:
             v = tl.trans(k)
         else:
-            v = tl.load(
-                v_head + v_off[:, None] + dims[None, :],
-                mask=kv_valid[:, None] & (dims < HEAD_DIM)[None, :],
-                other=0.0,
-            )
+            if MASKED or HEAD_DIM != HEAD_P2:
+                v = tl.load(
+                    v_head + v_off[:, None] + dims[None, :],
+                    mask=kv_valid[:, None] & (dims < HEAD_DIM)[None, :],
+                    other=0.0,
+                )
+            else:
+                v = tl.load(v_head + v_off[:, None] + dims[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -422,6 +429,7 @@ def _attention_kernel(
             USE_WINDOW=USE_WINDOW,
             V_IS_K=V_IS_K,
             HEAD_DIM=HEAD_DIM,
+            HEAD_P2=HEAD_P2,
             EXTRA_DIM=EXTRA_DIM,
             BLOCK_N=BLOCK_N,
             DOT_PRECISION=DOT_PRECISION,

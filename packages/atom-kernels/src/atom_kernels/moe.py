@@ -400,7 +400,7 @@ def grouped_topk_triton(
 # 2. _moe_gemm_kernel, gated: per block, x[token rows] @ w13[e]^T for the gate and the up halves at once,
 #    the activation applied in the epilogue -> hidden [T * top_k, I].
 # 3. _moe_gemm_kernel, plain: hidden rows @ w2[e]^T times the routing weight -> [T * top_k, D].
-# 4. The top_k rows of each token are summed.
+# 4. _moe_sum_kernel sums the top_k rows of each token.
 
 
 @moe_align_block_size.register("torch")
@@ -434,48 +434,101 @@ def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(capacity, block_m) * block_m
 
 
-@triton.jit(do_not_specialize=["num_entries", "capacity"])
-def _moe_align_kernel(
+# The Triton sort runs in three launches, each over chunks of CHUNK entries in parallel:
+# 1. _moe_count_kernel: each chunk's histogram of experts; the programs also fill sorted_ids with
+#    the padding value.
+# 2. _moe_offsets_kernel (one program): expert runs padded to BLOCK_M; each chunk's histogram row
+#    becomes the first row that chunk may write for each expert.
+# 3. _moe_scatter_kernel: each entry takes its chunk's next row for its expert (atomics on that
+#    chunk's own row, so the order within a run is arbitrary; no GEMM row depends on its
+#    neighbours), and each block of BLOCK_M rows finds its expert by binary search.
+
+
+@triton.jit(do_not_specialize=["num_entries", "capacity", "fill_per_program"])
+def _moe_count_kernel(
     ids_ptr,
+    counts_ptr,
     sorted_ids_ptr,
-    block_expert_ptr,
-    cursor_ptr,
     num_entries,
-    num_experts,
     capacity,
-    BLOCK_M: tl.constexpr,
+    fill_per_program,
     E_P2: tl.constexpr,
     CHUNK: tl.constexpr,
-    BLOCKS_CHUNK: tl.constexpr,
 ):
-    """One program: count entries per expert, lay out the padded runs, then scatter each entry to
-    its expert's next free row (an atomic cursor per expert, so the order within a run is arbitrary;
-    each row's GEMM result does not depend on its neighbours)."""
-    experts = tl.arange(0, E_P2)
-    counts = tl.zeros([E_P2], tl.int32)
-    for start in range(0, num_entries, CHUNK):
-        entries = start + tl.arange(0, CHUNK)
-        valid = entries < num_entries
-        counts += tl.histogram(tl.load(ids_ptr + entries, mask=valid, other=0), E_P2, mask=valid)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    run_end = tl.cumsum(padded, axis=0)
-    tl.store(cursor_ptr + experts, run_end - padded)
-    for start in range(0, capacity, CHUNK):
+    chunk = tl.program_id(0)
+    entries = chunk * CHUNK + tl.arange(0, CHUNK)
+    valid = entries < num_entries
+    experts = tl.load(ids_ptr + entries, mask=valid, other=0)
+    counts = tl.histogram(experts, E_P2, mask=valid)
+    tl.store(counts_ptr + chunk * E_P2 + tl.arange(0, E_P2), counts)
+    for start in range(chunk * fill_per_program, (chunk + 1) * fill_per_program, CHUNK):
         rows = start + tl.arange(0, CHUNK)
         tl.store(sorted_ids_ptr + rows, num_entries, mask=rows < capacity)
+
+
+@triton.jit(do_not_specialize=["num_chunks"])
+def _moe_offsets_kernel(
+    counts_ptr,
+    run_end_ptr,
+    num_chunks,
+    BLOCK_M: tl.constexpr,
+    E_P2: tl.constexpr,
+    CHUNKS_TILE: tl.constexpr,
+):
+    experts = tl.arange(0, E_P2)[None, :]
+    total = tl.zeros([E_P2], tl.int32)
+    for first in range(0, num_chunks, CHUNKS_TILE):
+        chunks = first + tl.arange(0, CHUNKS_TILE)[:, None]
+        tile = tl.load(counts_ptr + chunks * E_P2 + experts, mask=chunks < num_chunks, other=0)
+        total += tl.sum(tile, axis=0)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    run_end = tl.cumsum(padded, axis=0)
+    tl.store(run_end_ptr + tl.arange(0, E_P2), run_end)
+    next_free = run_end - padded
+    for first in range(0, num_chunks, CHUNKS_TILE):
+        chunks = first + tl.arange(0, CHUNKS_TILE)[:, None]
+        ptrs = counts_ptr + chunks * E_P2 + experts
+        tile = tl.load(ptrs, mask=chunks < num_chunks, other=0)
+        tl.store(ptrs, next_free[None, :] + tl.cumsum(tile, axis=0) - tile, mask=chunks < num_chunks)
+        next_free += tl.sum(tile, axis=0)
+
+
+@triton.jit(do_not_specialize=["num_entries", "num_experts", "num_blocks", "blocks_per_program"])
+def _moe_scatter_kernel(
+    ids_ptr,
+    next_free_ptr,
+    run_end_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_entries,
+    num_experts,
+    num_blocks,
+    blocks_per_program,
+    BLOCK_M: tl.constexpr,
+    E_P2: tl.constexpr,
+    LOG2_E_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    entries = chunk * CHUNK + tl.arange(0, CHUNK)
+    valid = entries < num_entries
+    experts = tl.load(ids_ptr + entries, mask=valid, other=0)
+    rows = tl.atomic_add(next_free_ptr + chunk * E_P2 + experts, 1, mask=valid)
+    tl.store(sorted_ids_ptr + rows, entries, mask=valid)
     # Block b belongs to the first expert whose run ends after its first row (-1: past every run).
-    for start in range(0, capacity // BLOCK_M, BLOCKS_CHUNK):
-        blocks = start + tl.arange(0, BLOCKS_CHUNK)
-        owner = tl.sum((run_end[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), axis=1)
-        owner = tl.where(owner < num_experts, owner, -1)
-        tl.store(block_expert_ptr + blocks, owner, mask=blocks < capacity // BLOCK_M)
-    tl.debug_barrier()
-    for start in range(0, num_entries, CHUNK):
-        entries = start + tl.arange(0, CHUNK)
-        valid = entries < num_entries
-        expert = tl.load(ids_ptr + entries, mask=valid, other=0)
-        row = tl.atomic_add(cursor_ptr + expert, 1, mask=valid)
-        tl.store(sorted_ids_ptr + row, entries, mask=valid)
+    for start in range(chunk * blocks_per_program, (chunk + 1) * blocks_per_program, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        first_row = blocks * BLOCK_M
+        lo = tl.zeros([CHUNK], tl.int32)
+        hi = tl.full([CHUNK], E_P2, tl.int32)
+        for _ in tl.static_range(LOG2_E_P2 + 1):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            ends_before = tl.load(run_end_ptr + mid, mask=active, other=0) <= first_row
+            lo = tl.where(active & ends_before, mid + 1, lo)
+            hi = tl.where(active & ~ends_before, mid, hi)
+        owner = tl.where(lo < num_experts, lo, -1)
+        tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_blocks)
 
 
 @moe_align_block_size.register("triton")
@@ -487,24 +540,37 @@ def moe_align_block_size_triton(
         ids = ids.to(torch.int32)
     num_entries = ids.numel()
     capacity = align_capacity(num_entries, num_experts, block_m)
+    num_blocks = capacity // block_m
     device = ids.device
     sorted_ids = torch.empty((capacity,), dtype=torch.int32, device=device)
-    block_expert = torch.empty((capacity // block_m,), dtype=torch.int32, device=device)
+    block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=device)
     e_p2 = next_pow2(num_experts)
-    cursor = torch.empty((e_p2,), dtype=torch.int32, device=device)
-    _moe_align_kernel[(1,)](
+    # Two chunk sizes only (both compile during an engine's warm-up: decode-sized and max-sized).
+    chunk = 1024 if num_entries <= 16384 else 4096
+    num_chunks = max(1, triton.cdiv(num_entries, chunk))
+    counts = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
+    run_end = torch.empty((e_p2,), dtype=torch.int32, device=device)
+    per_program = lambda n: triton.cdiv(triton.cdiv(n, num_chunks), chunk) * chunk  # noqa: E731
+    _moe_count_kernel[(num_chunks,)](
+        ids, counts, sorted_ids, num_entries, capacity, per_program(capacity), E_P2=e_p2, CHUNK=chunk
+    )
+    _moe_offsets_kernel[(1,)](
+        counts, run_end, num_chunks, BLOCK_M=block_m, E_P2=e_p2, CHUNKS_TILE=32, num_warps=8
+    )
+    _moe_scatter_kernel[(num_chunks,)](
         ids,
+        counts,
+        run_end,
         sorted_ids,
         block_expert,
-        cursor,
         num_entries,
         num_experts,
-        capacity,
+        num_blocks,
+        per_program(num_blocks),
         BLOCK_M=block_m,
         E_P2=e_p2,
-        CHUNK=1024,
-        BLOCKS_CHUNK=max(16, 8192 // e_p2),
-        num_warps=8,
+        LOG2_E_P2=e_p2.bit_length() - 1,
+        CHUNK=chunk,
     )
     return sorted_ids, block_expert
 
@@ -806,4 +872,23 @@ def run_fused_moe(
         block_m,
         config["down"],
     )
-    return expert_out.view(num_tokens, top_k, hidden).sum(dim=1)
+    out = torch.empty_like(x)
+    block_d = min(1024, next_pow2(hidden))
+    _moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_d))](
+        expert_out, out, hidden, TOP_K=top_k, BLOCK_D=block_d, num_warps=4
+    )
+    return out
+
+
+@triton.jit
+def _moe_sum_kernel(rows_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[t] = sum over k of rows[t * TOP_K + k] (fp32 accumulation), for one BLOCK_D slice."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = cols < hidden
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(rows_ptr + (token * TOP_K + k) * hidden + cols, mask=mask, other=0.0).to(
+            tl.float32
+        )
+    tl.store(out_ptr + token * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
