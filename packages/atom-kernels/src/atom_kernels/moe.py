@@ -550,7 +550,10 @@ def moe_align_block_size_triton(
     num_chunks = max(1, triton.cdiv(num_entries, chunk))
     counts = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
     run_end = torch.empty((e_p2,), dtype=torch.int32, device=device)
-    per_program = lambda n: triton.cdiv(triton.cdiv(n, num_chunks), chunk) * chunk  # noqa: E731
+
+    def per_program(n: int) -> int:  # n rows split over the programs, in whole chunks
+        return triton.cdiv(triton.cdiv(n, num_chunks), chunk) * chunk
+
     _moe_count_kernel[(num_chunks,)](
         ids, counts, sorted_ids, num_entries, capacity, per_program(capacity), E_P2=e_p2, CHUNK=chunk
     )
