@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
-# STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels.
+# STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels tune.
+# tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels tune"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 for step in $steps; do
@@ -25,6 +26,7 @@ for step in $steps; do
     compile) python3 "$here/e2e/compile_vs_eager.py" --out "$out/compile-vs-eager-qwen3-8b.json" ;;
     mla) python3 "$here/mla/bench_mla_decode.py" --out "$out/mla-decode.json" ;;
     kernels) python3 "$here/kernels/bench_kernels.py" --out "$out/kernels.json" ;;
+    tune) python3 "$here/kernels/tune_kernels.py" --out-dir "$out/tuned" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
