@@ -135,3 +135,35 @@ def test_paged_attention_max_seq_len_hint(backend):
     )
     fn = impl("paged_attention", backend)
     assert_close(fn(*args, max_seq_len=300), fn(*args, num_splits=1), torch.float32, "accumulated")
+
+
+@pytest.mark.gpu
+def test_metadata_slices_at_any_offset_reuse_one_compiled_kernel():
+    """seq_lens[first:] is 16-byte aligned only when first % 4 == 0; Triton would specialize on that
+    and compile another variant mid-serving. The metadata pointers are exempt, so it must not."""
+    from atom_kernels import attention
+
+    heads, kv_heads, dim, block = 8, 2, 64, 16
+    q_lens, seq_lens = [3, 5, 2, 7, 4, 6], [20, 30, 9, 40, 17, 25]
+    table, num_blocks = paged_layout(seq_lens, block)
+    key_cache = rand(num_blocks, block, kv_heads, dim, dtype=torch.bfloat16)
+    value_cache = rand(num_blocks, block, kv_heads, dim, dtype=torch.bfloat16)
+    query_start = cu_seqlens(q_lens)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    q = rand(sum(q_lens), heads, dim, dtype=torch.bfloat16)
+
+    def extend_from(first: int) -> None:
+        start = int(query_start[first])
+        impl("paged_attention", "triton")(
+            q[start:], key_cache, value_cache, query_start[first:] - start, lens[first:],
+            table[first:], dim**-0.5,
+        )  # fmt: skip
+
+    def variants() -> int:
+        return sum(len(cache[0]) for cache in attention._attention_kernel.device_caches.values())
+
+    extend_from(0)
+    compiled = variants()
+    extend_from(1)
+    extend_from(2)
+    assert variants() == compiled

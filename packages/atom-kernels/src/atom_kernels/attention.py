@@ -267,7 +267,13 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["block_table_stride", "num_seqs"])
+# Batch metadata pointers are not specialized on alignment: a backend may pass slices such as
+# seq_lens[num_decodes:], whose 16-byte alignment changes from batch to batch (each change would compile
+# a new variant mid-serving); the kernel only reads scalars and short index vectors from them.
+@triton.jit(
+    do_not_specialize=["block_table_stride", "num_seqs"],
+    do_not_specialize_on_alignment=["query_start_ptr", "kv_start_ptr", "seq_lens_ptr", "block_table_ptr"],
+)
 def _attention_kernel(
     q_ptr,
     k_ptr,

@@ -8,6 +8,8 @@ Kernels mark their per-batch counts (rows, tokens, sequences; also the block-tab
 depends on the configured context length) ``do_not_specialize``: Triton would otherwise compile a
 new variant the first time a count is 1 or a multiple of 16, in the middle of serving, where a
 compile stalls the engine for a second or more.
+Pointers to batch metadata (sequence lengths, block tables) are likewise
+``do_not_specialize_on_alignment`` where callers may pass slices at arbitrary offsets.
 """
 
 from __future__ import annotations
