@@ -50,14 +50,18 @@ def qk_views(num_tokens, heads, kv_heads, head_size, dtype, scale=1.0):
     return q, k
 
 
-@backends
-@float_dtypes
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize(
+neox_or_gptj = pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+rope_shapes = pytest.mark.parametrize(
     "heads, kv_heads, head_size, rotary_dim",
     [(4, 2, 64, 64), (3, 1, 128, 64), (2, 2, 80, 32)],
     ids=["full", "partial-half", "partial-odd-head"],
 )
+
+
+@backends
+@float_dtypes
+@neox_or_gptj
+@rope_shapes
 def test_rotary_embedding(backend, dtype, is_neox, heads, kv_heads, head_size, rotary_dim):
     num_tokens = 11
     inv_freq, cache, positions = rope_inputs(num_tokens, rotary_dim)
@@ -76,12 +80,8 @@ def test_rotary_embedding(backend, dtype, is_neox, heads, kv_heads, head_size, r
 
 @backends
 @float_dtypes
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize(
-    "heads, kv_heads, head_size, rotary_dim",
-    [(4, 2, 64, 64), (3, 1, 128, 64), (2, 2, 80, 32)],
-    ids=["full", "partial-half", "partial-odd-head"],
-)
+@neox_or_gptj
+@rope_shapes
 @pytest.mark.parametrize("num_tokens", [1, 7])
 def test_qk_norm_rope(backend, dtype, is_neox, heads, kv_heads, head_size, rotary_dim, num_tokens):
     eps = 1e-6
