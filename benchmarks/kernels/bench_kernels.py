@@ -436,6 +436,60 @@ def attention_cases(ak, ops):
     )
 
 
+def mixed_cases(ak, ops):
+    """A mixed engine step: 255 decodes and one chunked-prefill extend (512 new tokens), each over a
+    2048-token context, as one paged launch (what ATOM's vLLM backend does today) and as a decode
+    launch plus an extend launch (the alternative), both against FA3 on the whole batch."""
+    fa = flash_attn()
+    m = MODELS["qwen3-8b"]
+    heads, kv_heads, hd, block = m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"], 16
+    decodes, new, context = 255, 512, 2048
+    seq_lens = [context] * (decodes + 1)
+    q_lens = [1] * decodes + [new]
+    table, num_blocks = paged(seq_lens, block)
+    kc, vc = rand(num_blocks, block, kv_heads, hd), rand(num_blocks, block, kv_heads, hd)
+    q = rand(sum(q_lens), heads, hd)
+    cu_q, lens = cu(q_lens), torch.tensor(seq_lens, device="cuda", dtype=torch.int32)
+    extend_cu = cu_q[decodes:] - decodes
+    out = torch.empty_like(q)
+    scale = hd**-0.5
+
+    def one_launch():
+        return ak.paged_attention(q, kc, vc, cu_q, lens, table, scale, out=out)
+
+    def two_launches():
+        ak.paged_attention(
+            q[:decodes], kc, vc, cu_q[: decodes + 1], lens[:decodes], table[:decodes], scale,
+            out=out[:decodes],
+        )  # fmt: skip
+        ak.paged_attention(
+            q[decodes:], kc, vc, extend_cu, lens[decodes:], table[decodes:], scale, out=out[decodes:]
+        )
+        return out
+
+    def theirs():
+        return fa(
+            q, kc, vc, new, cu_q, context, seqused_k=lens, block_table=table, softmax_scale=scale,
+            causal=True, fa_version=3,
+        )  # fmt: skip
+
+    kv_read = len(seq_lens) * context * kv_heads * hd * 2 * 2
+    flops = 4 * (decodes * context + new * (context - new / 2)) * heads * hd
+    for label, ours in (("one launch", one_launch), ("decode + extend launches", two_launches)):
+        yield Case(
+            "paged_attention (mixed batch)",
+            "qwen3-8b",
+            f"{decodes} decodes + {new} extend, {label}",
+            ours,
+            theirs,
+            "vllm_flash_attn (FA3, paged)",
+            kv_read + 2 * nbytes(q),
+            flops=flops,
+            compare=lambda o=ours: (o().clone(), theirs()),
+            shape={"decodes": decodes, "extend_tokens": new, "context": context, "launches": label},
+        )
+
+
 def mla_cases(ak, ops):
     from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
 
@@ -657,6 +711,7 @@ GROUPS = {
     "rope": rope_cases,
     "cache": cache_cases,
     "attention": attention_cases,
+    "mixed": mixed_cases,
     "mla": mla_cases,
     "moe": moe_cases,
     "fp8": fp8_cases,
