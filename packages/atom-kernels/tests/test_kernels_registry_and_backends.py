@@ -190,22 +190,3 @@ def test_aiter_mla_adapter_builds_page_lists(fake_aiter):
         impl("mla_decode", "aiter")(*args), impl("mla_decode", "torch")(*args), torch.float32
     )
 
-
-def test_tuned_tables_pick_the_next_size_up_and_prefer_the_env_dir(tmp_path, monkeypatch):
-    import json
-
-    from atom_kernels import tuned
-
-    table = {"GPU X": {"shape": {"16": {"tile": 1}, "256": {"tile": 2}}}}
-    (tmp_path / "fused_moe.json").write_text(json.dumps(table))
-    monkeypatch.setenv("ATOM_TUNED_CONFIG_DIR", str(tmp_path))
-    tuned.clear_cache()
-    try:
-        picks = [tuned.lookup("fused_moe", "GPU X", "shape", n) for n in (1, 16, 17, 256, 9999)]
-        assert [p["tile"] for p in picks] == [1, 1, 2, 2, 2]
-        assert tuned.lookup("fused_moe", "GPU X", "other shape", 16) is None
-        assert tuned.lookup("fused_moe", "GPU Y", "shape", 16) is None
-        assert tuned.tuned_config("fused_moe", "shape", 16, torch.device("cpu")) is None
-    finally:
-        monkeypatch.delenv("ATOM_TUNED_CONFIG_DIR")
-        tuned.clear_cache()
