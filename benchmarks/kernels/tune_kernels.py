@@ -124,10 +124,10 @@ class MoeShape:
         self.aligned: dict[int, tuple] = {}
 
     def gemm(self, block_m: int, gated: bool, tiles: dict):
-        from atom_kernels import moe
+        from atom_kernels import moe, moe_align
 
         if block_m not in self.aligned:
-            self.aligned[block_m] = moe.moe_align_block_size_triton(
+            self.aligned[block_m] = moe_align.moe_align_block_size_triton(
                 self.ids, self.experts, block_m
             )
         sorted_ids, block_expert = self.aligned[block_m]

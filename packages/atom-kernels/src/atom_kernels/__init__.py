@@ -11,7 +11,8 @@ from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
 from atom_kernels.comm import all_reduce, get_all_reduce, set_all_reduce
 from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
 from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
-from atom_kernels.moe import fused_moe, grouped_topk, moe_align_block_size, topk_softmax
+from atom_kernels.moe import fused_moe, grouped_topk, topk_softmax
+from atom_kernels.moe_align import moe_align_block_size
 from atom_kernels.norm import fused_add_rms_norm, rms_norm
 from atom_kernels.quant import per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import (

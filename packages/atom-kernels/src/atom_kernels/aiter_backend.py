@@ -24,14 +24,8 @@ from atom_kernels.attention import paged_attention, varlen_attention
 from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
 from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
 from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
-from atom_kernels.moe import (
-    fused_moe,
-    fused_moe_triton,
-    grouped_topk,
-    moe_align_block_size,
-    moe_align_block_size_triton,
-    topk_softmax,
-)
+from atom_kernels.moe import fused_moe, fused_moe_triton, grouped_topk, topk_softmax
+from atom_kernels.moe_align import moe_align_block_size, moe_align_block_size_triton
 from atom_kernels.norm import fused_add_rms_norm, rms_norm
 from atom_kernels.quant import (
     FP8_DTYPE,

@@ -1,0 +1,198 @@
+"""Sorting MoE entries by expert: the first step of the Triton fused MoE (atom_kernels.moe).
+
+Each (token, k) routing entry goes to a run of rows for its expert, every run padded to a multiple
+of the GEMM's row block, so that every block of rows belongs to one expert.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import next_pow2
+
+moe_align_block_size = define_op(
+    "moe_align_block_size",
+    "moe_align_block_size(topk_ids, num_experts, block_m) -> (sorted_ids, block_expert): the (token, k)"
+    " entries grouped by expert, each expert's run padded to a multiple of block_m. sorted_ids holds"
+    " entry indices token * top_k + k (padding: topk_ids.numel()); block_expert is the expert of each"
+    " block_m rows (-1 past the last run). Sizes follow from the shapes alone (nothing is read back to"
+    " the host); the order of entries within a run is backend-defined.",
+)
+
+
+@moe_align_block_size.register("torch")
+def moe_align_block_size_torch(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = topk_ids.reshape(-1).long()
+    num_entries = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    order = torch.sort(flat, stable=True).indices
+    sorted_experts = flat[order]
+    rank = (
+        torch.arange(num_entries, device=flat.device) - (counts.cumsum(0) - counts)[sorted_experts]
+    )
+    dest = (padded_end - padded)[sorted_experts] + rank
+    capacity = align_capacity(num_entries, num_experts, block_m)
+    sorted_ids = torch.full((capacity,), num_entries, dtype=torch.int32, device=flat.device)
+    sorted_ids[dest] = order.to(torch.int32)
+    block_starts = torch.arange(0, capacity, block_m, device=flat.device)
+    block_expert = torch.searchsorted(padded_end, block_starts, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_ids, block_expert
+
+
+def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
+    """Rows of the padded sort: every entry plus, per used expert, the padding of its last block."""
+    capacity = num_entries + min(num_experts, num_entries) * (block_m - 1)
+    return triton.cdiv(capacity, block_m) * block_m
+
+
+# The Triton sort runs in three launches, each over chunks of CHUNK entries in parallel:
+# 1. _moe_count_kernel: each chunk's histogram of experts; the programs also fill sorted_ids with
+#    the padding value.
+# 2. _moe_offsets_kernel (one program): expert runs padded to BLOCK_M; each chunk's histogram row
+#    becomes the first row that chunk may write for each expert.
+# 3. _moe_scatter_kernel: each entry takes its chunk's next row for its expert (atomics on that
+#    chunk's own row, so the order within a run is arbitrary; no GEMM row depends on its
+#    neighbours), and each block of BLOCK_M rows finds its expert by binary search.
+
+
+@triton.jit(do_not_specialize=["num_entries", "capacity", "fill_per_program"])
+def _moe_count_kernel(
+    ids_ptr,
+    counts_ptr,
+    sorted_ids_ptr,
+    num_entries,
+    capacity,
+    fill_per_program,
+    E_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    entries = chunk * CHUNK + tl.arange(0, CHUNK)
+    valid = entries < num_entries
+    experts = tl.load(ids_ptr + entries, mask=valid, other=0)
+    counts = tl.histogram(experts, E_P2, mask=valid)
+    tl.store(counts_ptr + chunk * E_P2 + tl.arange(0, E_P2), counts)
+    for start in range(chunk * fill_per_program, (chunk + 1) * fill_per_program, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        tl.store(sorted_ids_ptr + rows, num_entries, mask=rows < capacity)
+
+
+@triton.jit(do_not_specialize=["num_chunks"])
+def _moe_offsets_kernel(
+    counts_ptr,
+    run_end_ptr,
+    num_chunks,
+    BLOCK_M: tl.constexpr,
+    E_P2: tl.constexpr,
+    CHUNKS_TILE: tl.constexpr,
+):
+    experts = tl.arange(0, E_P2)[None, :]
+    total = tl.zeros([E_P2], tl.int32)
+    for first in range(0, num_chunks, CHUNKS_TILE):
+        chunks = first + tl.arange(0, CHUNKS_TILE)[:, None]
+        tile = tl.load(counts_ptr + chunks * E_P2 + experts, mask=chunks < num_chunks, other=0)
+        total += tl.sum(tile, axis=0)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    run_end = tl.cumsum(padded, axis=0)
+    tl.store(run_end_ptr + tl.arange(0, E_P2), run_end)
+    next_free = run_end - padded
+    for first in range(0, num_chunks, CHUNKS_TILE):
+        chunks = first + tl.arange(0, CHUNKS_TILE)[:, None]
+        ptrs = counts_ptr + chunks * E_P2 + experts
+        tile = tl.load(ptrs, mask=chunks < num_chunks, other=0)
+        tl.store(ptrs, next_free[None, :] + tl.cumsum(tile, axis=0) - tile, mask=chunks < num_chunks)
+        next_free += tl.sum(tile, axis=0)
+
+
+@triton.jit(do_not_specialize=["num_entries", "num_experts", "num_blocks", "blocks_per_program"])
+def _moe_scatter_kernel(
+    ids_ptr,
+    next_free_ptr,
+    run_end_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_entries,
+    num_experts,
+    num_blocks,
+    blocks_per_program,
+    BLOCK_M: tl.constexpr,
+    E_P2: tl.constexpr,
+    LOG2_E_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    entries = chunk * CHUNK + tl.arange(0, CHUNK)
+    valid = entries < num_entries
+    experts = tl.load(ids_ptr + entries, mask=valid, other=0)
+    rows = tl.atomic_add(next_free_ptr + chunk * E_P2 + experts, 1, mask=valid)
+    tl.store(sorted_ids_ptr + rows, entries, mask=valid)
+    # Block b belongs to the first expert whose run ends after its first row (-1: past every run).
+    for start in range(chunk * blocks_per_program, (chunk + 1) * blocks_per_program, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        first_row = blocks * BLOCK_M
+        lo = tl.zeros([CHUNK], tl.int32)
+        hi = tl.full([CHUNK], E_P2, tl.int32)
+        for _ in tl.static_range(LOG2_E_P2 + 1):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            ends_before = tl.load(run_end_ptr + mid, mask=active, other=0) <= first_row
+            lo = tl.where(active & ends_before, mid + 1, lo)
+            hi = tl.where(active & ~ends_before, mid, hi)
+        owner = tl.where(lo < num_experts, lo, -1)
+        tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_blocks)
+
+
+@moe_align_block_size.register("triton")
+def moe_align_block_size_triton(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = topk_ids.reshape(-1)
+    if ids.dtype != torch.int32:
+        ids = ids.to(torch.int32)
+    num_entries = ids.numel()
+    capacity = align_capacity(num_entries, num_experts, block_m)
+    num_blocks = capacity // block_m
+    device = ids.device
+    sorted_ids = torch.empty((capacity,), dtype=torch.int32, device=device)
+    block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=device)
+    e_p2 = next_pow2(num_experts)
+    # Two chunk sizes only (both compile during an engine's warm-up: decode-sized and max-sized).
+    chunk = 1024 if num_entries <= 16384 else 4096
+    num_chunks = max(1, triton.cdiv(num_entries, chunk))
+    counts = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
+    run_end = torch.empty((e_p2,), dtype=torch.int32, device=device)
+
+    def per_program(n: int) -> int:  # n rows split over the programs, in whole chunks
+        return triton.cdiv(triton.cdiv(n, num_chunks), chunk) * chunk
+
+    _moe_count_kernel[(num_chunks,)](
+        ids, counts, sorted_ids, num_entries, capacity, per_program(capacity), E_P2=e_p2, CHUNK=chunk
+    )
+    _moe_offsets_kernel[(1,)](
+        counts, run_end, num_chunks, BLOCK_M=block_m, E_P2=e_p2, CHUNKS_TILE=32, num_warps=8
+    )
+    _moe_scatter_kernel[(num_chunks,)](
+        ids,
+        counts,
+        run_end,
+        sorted_ids,
+        block_expert,
+        num_entries,
+        num_experts,
+        num_blocks,
+        per_program(num_blocks),
+        BLOCK_M=block_m,
+        E_P2=e_p2,
+        LOG2_E_P2=e_p2.bit_length() - 1,
+        CHUNK=chunk,
+    )
+    return sorted_ids, block_expert
