@@ -515,12 +515,10 @@ def moe_shape_key(num_experts: int, hidden: int, inter: int, top_k: int, dtype: 
     return f"E={num_experts},D={hidden},I={inter},top_k={top_k},dtype={str(dtype).split('.')[-1]}"
 
 
-def moe_config(
-    num_tokens: int, num_experts: int, hidden: int, inter: int, top_k: int, x: torch.Tensor
-) -> dict:
-    """{"BLOCK_M", "gate_up": tiles, "down": tiles}: this GPU's tuned entry, else the defaults."""
-    key = moe_shape_key(num_experts, hidden, inter, top_k, x.dtype)
-    tuned = tuned_config("fused_moe", key, num_tokens, x.device)
+def moe_config(shape_key: str, num_tokens: int, num_experts: int, top_k: int, x: torch.Tensor) -> dict:
+    """{"BLOCK_M", "gate_up": tiles, "down": tiles}: this GPU's tuned entry for ``shape_key``
+    (:func:`moe_shape_key`), else the defaults."""
+    tuned = tuned_config("fused_moe", shape_key, num_tokens, x.device)
     return tuned or default_moe_config(num_tokens * top_k, num_experts)
 
 
@@ -632,7 +630,7 @@ def fused_moe_triton(
         _compiled_shapes.add(key)
         for config in all_tuned_configs("fused_moe", key, x.device):
             run_fused_moe(x[:1], w13, w2, topk_weights[:1], topk_ids[:1], config, **gemm_options)
-    config = moe_config(num_tokens, num_experts, hidden, inter, top_k, x)
+    config = moe_config(key, num_tokens, num_experts, top_k, x)
     return run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, **gemm_options)
 
 

@@ -45,12 +45,16 @@ def _shape_tables(op: str, device_name: str) -> dict[str, tuple[list[int], list[
     return tables
 
 
-def tuned_config(
-    op: str, shape_key: str, size: int, device: torch.device
-) -> dict | None:
+def tuned_config(op: str, shape_key: str, size: int, device: torch.device) -> dict | None:
     if device.type != "cuda":
         return None
-    return lookup(op, torch.cuda.get_device_name(device), shape_key, size)
+    return lookup(op, _device_name(device.index), shape_key, size)
+
+
+@functools.cache
+def _device_name(index: int | None) -> str:
+    """The GPU's name, read once per device (the lookups run on every eager kernel launch)."""
+    return torch.cuda.get_device_name(index)
 
 
 def lookup(op: str, device_name: str, shape_key: str, size: int) -> dict | None:
@@ -65,7 +69,7 @@ def all_tuned_configs(op: str, shape_key: str, device: torch.device) -> list[dic
     """The distinct configs of one shape on this GPU (for compiling them all before serving)."""
     if device.type != "cuda":
         return []
-    entry = _shape_tables(op, torch.cuda.get_device_name(device)).get(shape_key)
+    entry = _shape_tables(op, _device_name(device.index)).get(shape_key)
     distinct: list[dict] = []
     for config in entry[1] if entry else []:
         if config not in distinct:
