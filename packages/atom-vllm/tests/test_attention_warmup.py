@@ -2,8 +2,9 @@
 
 vLLM's profiling and warm-up forward passes reach attention without metadata. ATOM's MHA impl uses
 the first such pass to run its varlen (prefill) and paged non-decode (extend) kernels once on the
-layer's own tensors, the MLA impl its expanded prefill, so that Triton compiles them at start-up, not during the first long prompt (which
-vLLM's JIT monitor reported on the H200). On this CPU machine the same calls run the torch backend.
+layer's own tensors, the MLA impl its expanded prefill, so that Triton compiles them at start-up,
+not during the first long prompt (which vLLM's JIT monitor reported on the H200). On this CPU
+machine the same calls run the torch backend.
 """
 
 import pytest

@@ -7,6 +7,8 @@ steps), prefix-cache hits and decodes, with vLLM's JIT monitor logging every com
 may be an ATOM kernel. (Compiles of vLLM's own kernels are vLLM's business and are not asserted.)
 """
 
+import importlib
+import pkgutil
 import random
 import re
 
@@ -26,9 +28,12 @@ JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
 
 
 def atom_triton_kernels() -> set[str]:
-    from atom_kernels import activation, attention, cache, gemm, mla, moe, norm, quant, rope
+    """Every @triton.jit kernel of every atom_kernels module (a new module is picked up too)."""
+    import atom_kernels
 
-    return {obj.fn.__name__ for module in (activation, attention, cache, gemm, mla, moe, norm, quant, rope)
+    modules = [importlib.import_module(f"atom_kernels.{info.name}")
+               for info in pkgutil.iter_modules(atom_kernels.__path__)]
+    return {obj.fn.__name__ for module in modules
             for obj in vars(module).values() if isinstance(obj, triton.runtime.jit.JITFunction)}
 
 
