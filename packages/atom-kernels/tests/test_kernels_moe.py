@@ -4,18 +4,14 @@ import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
 
 
-def distinct_logits(
-    num_tokens: int, num_experts: int, dtype: torch.dtype
-) -> torch.Tensor:
+def distinct_logits(num_tokens: int, num_experts: int, dtype: torch.dtype) -> torch.Tensor:
     """Router logits without ties (distinct multiples of 1/16, exact in bf16), so top-k is unique."""
     rows = [torch.randperm(num_experts) for _ in range(num_tokens)]
     logits = (torch.stack(rows).float() - num_experts / 2) / 16
     return logits.to(device=DEVICE, dtype=dtype)
 
 
-def sort_by_expert(
-    weights: torch.Tensor, ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sort_by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ids, order = ids.long().sort(dim=1)
     return weights.gather(1, order), ids
 
@@ -23,8 +19,7 @@ def sort_by_expert(
 @backends
 @float_dtypes
 @pytest.mark.parametrize(
-    "num_tokens, num_experts, top_k",
-    [(1, 8, 2), (37, 128, 8), (5, 60, 4), (300, 64, 6)],
+    "num_tokens, num_experts, top_k", [(1, 8, 2), (37, 128, 8), (5, 60, 4), (300, 64, 6)]
 )
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_topk_softmax(backend, dtype, num_tokens, num_experts, top_k, renormalize):
@@ -44,9 +39,7 @@ def test_topk_softmax(backend, dtype, num_tokens, num_experts, top_k, renormaliz
 def hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, norm, scaling):
     """HF transformers' DeepseekV3TopkRouter with an identity gate, so its logits are ours."""
     transformers = pytest.importorskip("transformers")
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
-        DeepseekV3TopkRouter,
-    )
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
     num_experts = logits.shape[1]
     config = transformers.DeepseekV3Config(
@@ -70,23 +63,11 @@ def hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, norm, scalin
 @float_dtypes
 @pytest.mark.parametrize(
     "num_tokens, num_experts, top_k, n_group, topk_group, renormalize, scaling",
-    [
-        (7, 256, 8, 8, 4, True, 2.5),
-        (33, 64, 6, 1, 1, True, 1.0),
-        (4, 96, 8, 4, 2, False, 1.5),
-    ],
+    [(7, 256, 8, 8, 4, True, 2.5), (33, 64, 6, 1, 1, True, 1.0), (4, 96, 8, 4, 2, False, 1.5)],
     ids=["deepseek-v3", "one-group", "no-renorm"],
 )
 def test_grouped_topk_noaux_tc_matches_hf(
-    backend,
-    dtype,
-    num_tokens,
-    num_experts,
-    top_k,
-    n_group,
-    topk_group,
-    renormalize,
-    scaling,
+    backend, dtype, num_tokens, num_experts, top_k, n_group, topk_group, renormalize, scaling
 ):
     logits = distinct_logits(num_tokens, num_experts, dtype)
     bias = (torch.randperm(num_experts).float() / (4 * num_experts)).to(DEVICE)
@@ -106,14 +87,10 @@ def test_grouped_topk_noaux_tc_matches_hf(
 def test_grouped_topk_without_bias_uses_group_max(backend):
     """DeepSeek-V2 group-limited greedy: softmax scores, a group scores its best expert."""
     logits = distinct_logits(9, 64, torch.float32)
-    weights, ids = impl("grouped_topk", backend)(
-        logits, 6, 8, 3, False, "softmax", None, 1.0
-    )
+    weights, ids = impl("grouped_topk", backend)(logits, 6, 8, 3, False, "softmax", None, 1.0)
     probs = torch.softmax(logits.double(), -1)
     best_groups = probs.view(9, 8, 8).amax(-1).topk(3, dim=-1).indices
-    allowed = torch.zeros(9, 8, dtype=torch.bool, device=DEVICE).scatter_(
-        1, best_groups, True
-    )
+    allowed = torch.zeros(9, 8, dtype=torch.bool, device=DEVICE).scatter_(1, best_groups, True)
     masked = probs.masked_fill(~allowed.repeat_interleave(8, dim=1), 0.0)
     want_w, want_ids = sort_by_expert(*masked.topk(6, dim=-1))
     got_w, got_ids = sort_by_expert(weights, ids)
@@ -121,9 +98,7 @@ def test_grouped_topk_without_bias_uses_group_max(backend):
     assert_close(got_w, want_w, torch.float32)
 
 
-def reference_moe(
-    x, w13, w2, weights, ids, activation="silu", w13_bias=None, w2_bias=None
-):
+def reference_moe(x, w13, w2, weights, ids, activation="silu", w13_bias=None, w2_bias=None):
     """Token by token in float64: sum_k w_k * (act(x @ w13[e].T) @ w2[e].T), [gate | up] halves."""
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     inter = w13.shape[1] // 2
@@ -134,11 +109,7 @@ def reference_moe(
             if w13_bias is not None:
                 h = h + w13_bias[e].double()
             gate, up = h[:inter], h[inter:]
-            act = (
-                F.silu(gate)
-                if activation == "silu"
-                else F.gelu(gate, approximate="tanh")
-            )
+            act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
             y = w2[e].double() @ (act * up)
             if w2_bias is not None:
                 y = y + w2_bias[e].double()
@@ -146,9 +117,7 @@ def reference_moe(
     return out
 
 
-def routing(
-    num_tokens: int, num_experts: int, top_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def routing(num_tokens: int, num_experts: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.stack([torch.randperm(num_experts)[:top_k] for _ in range(num_tokens)])
     weights = torch.rand(num_tokens, top_k).softmax(-1)
     return weights.to(DEVICE), ids.to(device=DEVICE, dtype=torch.int32)
@@ -206,9 +175,7 @@ def test_fused_moe_gpt_oss_matches_hf(backend, dtype):
     x = rand(num_tokens, hidden, dtype=dtype)
     weights, ids = routing(num_tokens, num_experts, top_k)
     with torch.no_grad():
-        expected = experts(
-            x.double().float(), router_indices=ids.long(), routing_weights=weights
-        )
+        expected = experts(x.double().float(), router_indices=ids.long(), routing_weights=weights)
     # HF keeps gate_up_proj as [E, D, 2I] with gate/up interleaved along 2I; ours is [E, 2I, D].
     w13 = experts.gate_up_proj.detach().transpose(1, 2).contiguous().to(dtype)
     w2 = experts.down_proj.detach().transpose(1, 2).contiguous().to(dtype)
@@ -236,46 +203,32 @@ def test_fused_moe_gpt_oss_matches_hf(backend, dtype):
 
 @backends
 def test_moe_align_block_size(backend):
-    ids = torch.tensor(
-        [[2, 0], [2, 1], [0, 2], [2, 3]], device=DEVICE, dtype=torch.int32
-    )
-    sorted_ids, block_expert = impl("moe_align_block_size", backend)(
-        ids, num_experts=5, block_m=4
-    )
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2], [2, 3]], device=DEVICE, dtype=torch.int32)
+    sorted_ids, block_expert = impl("moe_align_block_size", backend)(ids, num_experts=5, block_m=4)
     pad = ids.numel()
     # The order within an expert's run is backend-defined: compare each block as a set.
     blocks = [sorted(row) for row in sorted_ids.view(-1, 4).tolist()]
     # expert 0: entries 1, 4; expert 1: 3; expert 2: 0, 2, 5, 6; expert 3: 7; expert 4: none.
-    assert blocks[:4] == [
-        [1, 4, pad, pad],
-        [3, pad, pad, pad],
-        [0, 2, 5, 6],
-        [7, pad, pad, pad],
-    ]
+    assert blocks[:4] == [[1, 4, pad, pad], [3, pad, pad, pad], [0, 2, 5, 6], [7, pad, pad, pad]]
     assert block_expert.tolist()[:4] == [0, 1, 2, 3]
     assert all(e == -1 for e in block_expert.tolist()[4:])
     assert all(row == [pad] * 4 for row in blocks[4:])
 
 
 @backends
-@pytest.mark.parametrize(
-    "num_tokens, num_experts, top_k, block_m, skewed",
-    [
-        (1, 8, 2, 16, False),
-        (300, 64, 6, 16, False),
-        (2000, 128, 8, 64, False),  # 16 chunks of 1024 entries
-        (2100, 128, 8, 128, False),  # past 16384 entries: chunks of 4096
-        (700, 60, 4, 32, True),  # most entries on two experts, many experts empty
-    ],
-)
+@pytest.mark.parametrize("num_tokens, num_experts, top_k, block_m, skewed", [
+    (1, 8, 2, 16, False),
+    (300, 64, 6, 16, False),
+    (2000, 128, 8, 64, False),  # 16 chunks of 1024 entries
+    (2100, 128, 8, 128, False),  # past 16384 entries: chunks of 4096
+    (700, 60, 4, 32, True),  # most entries on two experts, many experts empty
+])
 def test_moe_align_block_size_random(backend, num_tokens, num_experts, top_k, block_m, skewed):
     """Every entry lands once, in a block of its own expert; blocks past the runs are all padding."""
     _, ids = routing(num_tokens, num_experts, top_k)
     if skewed:
         ids = torch.where(torch.rand(ids.shape, device=DEVICE) < 0.9, ids % 2 + 7, ids)
-    sorted_ids, block_expert = impl("moe_align_block_size", backend)(
-        ids, num_experts, block_m
-    )
+    sorted_ids, block_expert = impl("moe_align_block_size", backend)(ids, num_experts, block_m)
     flat = ids.reshape(-1).long().cpu()
     rows, owners = sorted_ids.cpu().long(), block_expert.cpu().long()
     real = rows < flat.numel()

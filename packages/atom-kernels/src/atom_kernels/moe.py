@@ -31,11 +31,7 @@ from atom_kernels.activation import (
 )
 from atom_kernels.moe_align import moe_align_block_size_triton
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import (
-    check_last_dim_contiguous,
-    dot_precision,
-    next_pow2,
-)
+from atom_kernels.triton_utils import check_last_dim_contiguous, dot_precision, next_pow2
 from atom_kernels.tuned import all_tuned_configs, tuned_config
 
 topk_softmax = define_op(

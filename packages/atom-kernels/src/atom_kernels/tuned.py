@@ -25,9 +25,8 @@ PACKAGED_DIR = Path(__file__).with_name("tuned")
 
 
 def table_paths(op: str) -> list[Path]:
-    dirs = [Path(d) for d in [os.environ.get("ATOM_TUNED_CONFIG_DIR")] if d] + [
-        PACKAGED_DIR
-    ]
+    env_dir = os.environ.get("ATOM_TUNED_CONFIG_DIR")
+    dirs = ([Path(env_dir)] if env_dir else []) + [PACKAGED_DIR]
     return [d / f"{op}.json" for d in dirs]
 
 
