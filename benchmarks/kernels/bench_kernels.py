@@ -391,48 +391,36 @@ def attention_cases(ak, ops):
                 "sinks": sinks,
             },
         )
-    m = MODELS["qwen3-30b-a3b"]
+    # Prefill as the engines run it: 8 x 1024 tokens is one 8192-token Qwen3-8B engine step.
+    for model, lengths in (("qwen3-8b", [1024] * 8), ("qwen3-30b-a3b", [2048] * 4)):
+        yield prefill_case(ak, fa, model, lengths)
+
+
+def prefill_case(ak, fa, model, lengths):
+    m = MODELS[model]
     heads, kv_heads, hd = m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"]
-    lengths = [2048] * 4
-    total = sum(lengths)
+    total, max_len, scale = sum(lengths), max(lengths), hd**-0.5
     q, k, v = rand(total, heads, hd), rand(total, kv_heads, hd), rand(total, kv_heads, hd)
     cu_k = cu(lengths)
-    yield Case(
+
+    def ours():
+        return ak.varlen_attention(q, k, v, cu_k, cu_k, scale, True)
+
+    def theirs():
+        return fa(q, k, v, max_len, cu_k, max_len, cu_seqlens_k=cu_k, softmax_scale=scale,
+                  causal=True, fa_version=3)  # fmt: skip
+
+    return Case(
         "varlen_attention",
-        "qwen3-30b-a3b",
-        "prefill 4 x 2048",
-        lambda: ak.varlen_attention(q, k, v, cu_k, cu_k, hd**-0.5, True),
-        lambda: fa(
-            q,
-            k,
-            v,
-            2048,
-            cu_k,
-            2048,
-            cu_seqlens_k=cu_k,
-            softmax_scale=hd**-0.5,
-            causal=True,
-            fa_version=3,
-        ),
+        model,
+        f"prefill {len(lengths)} x {lengths[0]}",
+        ours,
+        theirs,
         "vllm_flash_attn (FA3, varlen)",
         nbytes(q, k, v) + nbytes(q),
         flops=2 * sum(n * n for n in lengths) * heads * hd,
-        compare=lambda: (
-            ak.varlen_attention(q, k, v, cu_k, cu_k, hd**-0.5, True),
-            fa(
-                q,
-                k,
-                v,
-                2048,
-                cu_k,
-                2048,
-                cu_seqlens_k=cu_k,
-                softmax_scale=hd**-0.5,
-                causal=True,
-                fa_version=3,
-            ),
-        ),
-        shape={"seqs": 4, "seq_len": 2048, "heads": heads, "kv_heads": kv_heads},
+        compare=lambda: (ours(), theirs()),
+        shape={"seqs": len(lengths), "seq_len": max_len, "heads": heads, "kv_heads": kv_heads},
     )
 
 

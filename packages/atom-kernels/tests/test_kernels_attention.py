@@ -2,6 +2,7 @@ import pytest
 import torch
 from kernel_testing import (
     DEVICE,
+    ON_GPU,
     assert_close,
     backends,
     cu_seqlens,
@@ -53,6 +54,54 @@ def test_varlen_attention(
         ]
     )
     assert_close(out, expected, dtype, "accumulated")
+
+
+PREFILL_CASES = [
+    # heads, kv_heads, head_size, lengths: blocks that end mid-sequence, one-token and tile-sized ones
+    (4, 4, 64, [1, 17, 130]),
+    (8, 2, 128, [70, 3, 64, 1]),
+    (6, 3, 64, [200]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("heads, kv_heads, head_size, lengths", PREFILL_CASES)
+def test_tma_prefill_attention(dtype, heads, kv_heads, head_size, lengths):
+    """The TMA prefill kernel (the triton backend's choice for causal self-attention of fresh
+    sequences on sm_90+ and under the interpreter), on q/k/v views of one fused qkv as vLLM passes."""
+    from atom_kernels import prefill_attention
+
+    qkv = rand(sum(lengths), heads + 2 * kv_heads, head_size, dtype=dtype)
+    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    cu = cu_seqlens(lengths)
+    scale = head_size**-0.5
+    if not prefill_attention.supports(q, k, v, cu, cu, True, None, None):
+        pytest.skip("no TMA on this device")
+    out = impl("varlen_attention", "triton")(q, k, v, cu, cu, scale, True, None, None)
+    starts = cu.tolist()
+    expected = torch.cat([
+        reference_attention(q[s:e], k[s:e], v[s:e], scale, True, None, None)
+        for s, e in zip(starts[:-1], starts[1:], strict=True)
+    ])  # fmt: skip
+    assert_close(out, expected, dtype, "accumulated")
+
+
+def test_tma_prefill_attention_takes_only_its_cases():
+    from atom_kernels import prefill_attention
+
+    q = rand(8, 4, 64, dtype=torch.bfloat16)
+    k = v = rand(8, 2, 64, dtype=torch.bfloat16)
+    cu = cu_seqlens([8])
+    supported = prefill_attention.supports(q, k, v, cu, cu, True, None, None)
+    assert supported == (not ON_GPU or torch.cuda.get_device_capability()[0] >= 9)
+    assert not prefill_attention.supports(q, k, v, cu, cu_seqlens([8]), True, None, None)
+    assert not prefill_attention.supports(q, k, v, cu, cu, False, None, None)
+    assert not prefill_attention.supports(q, k, v, cu, cu, True, 4, None)
+    assert not prefill_attention.supports(q, k, v, cu, cu, True, None, rand(4))
+    assert not prefill_attention.supports(q.float(), k.float(), v.float(), cu, cu, True, None, None)
+    q80 = rand(8, 4, 80, dtype=torch.bfloat16)
+    k80 = rand(8, 2, 80, dtype=torch.bfloat16)
+    assert not prefill_attention.supports(q80, k80, k80, cu, cu, True, None, None)
 
 
 PAGED_CASES = [
@@ -166,4 +215,31 @@ def test_metadata_slices_at_any_offset_reuse_one_compiled_kernel():
     compiled = variants()
     extend_from(1)
     extend_from(2)
+    assert variants() == compiled
+
+
+@pytest.mark.gpu
+def test_tma_prefill_reuses_one_compiled_kernel_across_batches():
+    """Token counts, sequence counts and the offset of q/k/v inside the qkv buffer change per batch;
+    none of them may compile another variant of the prefill kernel mid-serving."""
+    from atom_kernels import prefill_attention
+
+    heads, kv_heads, dim = 8, 2, 128
+    qkv = rand(2048, heads + 2 * kv_heads, dim, dtype=torch.bfloat16)
+
+    def prefill(first: int, lengths: list[int]) -> None:
+        rows = qkv[first : first + sum(lengths)]
+        q, k, v = rows.split([heads, kv_heads, kv_heads], dim=1)
+        cu = cu_seqlens(lengths)
+        assert prefill_attention.supports(q, k, v, cu, cu, True, None, None)
+        impl("varlen_attention", "triton")(q, k, v, cu, cu, dim**-0.5, True, None, None)
+
+    def variants() -> int:
+        kernel = prefill_attention._prefill_attention_kernel
+        return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+    prefill(0, [16])
+    compiled = variants()
+    for first, lengths in [(0, [1024]), (3, [1000, 17]), (5, [1]), (0, [300, 301, 302])]:
+        prefill(first, lengths)
     assert variants() == compiled

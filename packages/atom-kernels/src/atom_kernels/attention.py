@@ -17,11 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels import prefill_attention
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
     check_same_device,
     dot_precision,
+    find_block_owner,
     next_pow2,
     sm_count,
 )
@@ -157,19 +159,6 @@ def paged_attention_torch(
 
 # A tl.constexpr so the kernels can read it; the launchers use LOG2E.value.
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _find_sequence(query_start_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(query_start_ptr + mid) // BLOCK_Q + mid <= q_block:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 @triton.jit
@@ -325,7 +314,7 @@ def _attention_kernel(
     head_block = tl.program_id(1) % HEAD_BLOCKS
     split = tl.program_id(2)
 
-    seq = _find_sequence(query_start_ptr, q_block, num_seqs, BLOCK_Q)
+    seq = find_block_owner(query_start_ptr, q_block, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
     first_token = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q
@@ -695,6 +684,8 @@ def varlen_attention_triton(
         q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks
     )
     out = output_buffer(out, tuple(q.shape), q)
+    if prefill_attention.supports(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, sliding_window, sinks):
+        return prefill_attention.prefill_attention(q, k, v, out, cu_seqlens_q, scale)
     return launch_attention(
         q,
         k,

@@ -118,3 +118,20 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
         raise ValueError(f"tensors on different devices: {devices}")
+
+
+@triton.jit
+def find_block_owner(starts_ptr, block, num_seqs, BLOCK: tl.constexpr):
+    """The sequence that owns row block ``block`` when sequence s's blocks are numbered from
+    ``starts[s] // BLOCK + s`` (``starts`` are cumulative row offsets): a binary search. Numbering
+    blocks this way bounds their count by rows // BLOCK + num_seqs, so a launch grid needs no
+    lengths read back from the GPU."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(starts_ptr + mid) // BLOCK + mid <= block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1

@@ -180,15 +180,26 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         if self.kv_sharing_target_layer_name is None:
             atom_kernels.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, m.slot_mapping[:n])
 
-        # Decodes and extends both read the (just written) cache; they form one leading range.
+        # Decodes, then extends, read the (just written) cache. Separate launches, so that decode rows
+        # get the decode tiles and split-K rather than a share of the extend kernel's query tiles.
+        # The extend launch reads metadata slices at any offset; the kernel does not specialize its
+        # metadata pointers on alignment, so these slices compile nothing new mid-serving.
+        if m.num_decodes:
+            d = m.num_decode_tokens
+            atom_kernels.paged_attention(
+                query[:d], key_cache, value_cache, m.query_start_loc[: m.num_decodes + 1],
+                m.seq_lens[: m.num_decodes], m.block_table[: m.num_decodes], self.scale,
+                self.sliding_window, self.sinks, out=output[:d],
+            )
         paged_reqs = m.num_decodes + m.num_extends
         paged_tokens = m.num_decode_tokens + m.num_extend_tokens
-        if paged_reqs:
+        if m.num_extends:
+            first, start = m.num_decodes, m.num_decode_tokens
             atom_kernels.paged_attention(
-                query[:paged_tokens], key_cache, value_cache,
-                m.query_start_loc[: paged_reqs + 1], m.seq_lens[:paged_reqs],
-                m.block_table[:paged_reqs], self.scale, self.sliding_window, self.sinks,
-                out=output[:paged_tokens],
+                query[start:paged_tokens], key_cache, value_cache,
+                m.query_start_loc[first : paged_reqs + 1] - start, m.seq_lens[first:paged_reqs],
+                m.block_table[first:paged_reqs], self.scale, self.sliding_window, self.sinks,
+                out=output[start:paged_tokens],
             )
         if m.num_prefills:
             end = paged_tokens + m.num_prefill_tokens
