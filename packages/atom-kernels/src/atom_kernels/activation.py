@@ -121,7 +121,11 @@ def launch_gated_activation(
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
+    # 1024 columns per program and 16-byte accesses per thread (8 bf16 values: 4 warps), as Inductor
+    # runs the same fused silu * mul; 8 warps (8-byte accesses) ran at ~3.8 TB/s against Inductor's
+    # ~4.25 on an H200 at Qwen3-8B prefill size (8192 x 12288).
     block = min(1024, next_pow2(d))
+    num_warps = max(1, min(8, block * x.element_size() // (32 * 16)))
     grid = (rows.shape[0], triton.cdiv(d, block))
     _gated_activation_kernel[grid](
         rows,
@@ -134,7 +138,7 @@ def launch_gated_activation(
         ACT=act,
         INTERLEAVED=interleaved,
         BLOCK=block,
-        num_warps=4 if block <= 512 else 8,
+        num_warps=num_warps,
     )
     return out
 

@@ -41,6 +41,10 @@ class AttentionSpec:
 
 
 AttentionFactory = Callable[[AttentionSpec], nn.Module]
+"""Builds a layer's attention module: ``module(q, k, v) -> [T, num_heads * head_size]``. A module
+whose class sets ``writes_into_out = True`` also takes ``out=`` (that shape) and writes the result
+there; under torch.compile the others' results are copied into the graph's buffer (one
+hidden-sized copy per layer and step)."""
 
 
 class StandaloneAttention(nn.Module):
@@ -100,7 +104,11 @@ _layers_by_name: dict[str, "Attention"] = {}
 @torch.library.custom_op("atom::unified_attention", mutates_args=["output"])
 def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor,
                       layer_name: str) -> None:
-    output.copy_(_layers_by_name[layer_name].impl(q, k, v))
+    impl = _layers_by_name[layer_name].impl
+    if getattr(impl, "writes_into_out", False):
+        impl(q, k, v, out=output)
+    else:
+        output.copy_(impl(q, k, v))
 
 
 @unified_attention.register_fake

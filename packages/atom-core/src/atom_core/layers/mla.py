@@ -188,7 +188,11 @@ _layers_by_name: dict[str, LatentAttention] = {}
 @torch.library.custom_op("atom::unified_latent_attention", mutates_args=["output"])
 def unified_latent_attention(positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
                              k_pe: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
-    output.copy_(_layers_by_name[layer_name].impl(positions, q, kv_c, k_pe))
+    impl = _layers_by_name[layer_name].impl
+    if getattr(impl, "writes_into_out", False):  # as for atom_core.layers.attention.AttentionFactory
+        impl(positions, q, kv_c, k_pe, out=output)
+    else:
+        output.copy_(impl(positions, q, kv_c, k_pe))
 
 
 @unified_latent_attention.register_fake

@@ -244,8 +244,11 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
             cache_dtype_str=self.kv_cache_dtype,
         )
 
+    writes_into_out = True
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
-                k_pe: torch.Tensor) -> torch.Tensor:
+                k_pe: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         metadata, _, kv_cache, _ = get_attention_context(self.layer_name)
-        output = q.new_empty(q.shape[0], self.spec.num_heads * self.spec.v_head_dim)
-        return self.impl.forward(positions, q, kv_c, k_pe, kv_cache, metadata, output)
+        if out is None:
+            out = q.new_empty(q.shape[0], self.spec.num_heads * self.spec.v_head_dim)
+        return self.impl.forward(positions, q, kv_c, k_pe, kv_cache, metadata, out)
