@@ -426,8 +426,8 @@ def prefill_case(ak, fa, model, lengths):
 
 def mixed_cases(ak, ops):
     """A mixed engine step: 255 decodes and one chunked-prefill extend (512 new tokens), each over a
-    2048-token context, as one paged launch (what ATOM's vLLM backend does today) and as a decode
-    launch plus an extend launch (the alternative), both against FA3 on the whole batch."""
+    2048-token context, as one paged launch (what ATOM's vLLM backend did until session 4) and as a
+    decode launch plus an extend launch (what it does now), both against FA3 on the whole batch."""
     fa = flash_attn()
     m = MODELS["qwen3-8b"]
     heads, kv_heads, hd, block = m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"], 16

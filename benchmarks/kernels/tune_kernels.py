@@ -6,7 +6,7 @@
   BLOCK_M and, for each of the two GEMMs (gate_up with the activation, down), every tile candidate;
   the BLOCK_M whose two best GEMMs sum lowest wins.
 * attention (Qwen3-8B and Qwen3-30B-A3B heads): prefill (varlen, 16 x 1024 tokens) and extend
-  (paged, as vLLM's mixed steps run it: 128 decodes and 2 x 512 new tokens over 2048), every
+  (paged: 4 chunked-prefill extends of 512 new tokens over 2048 cached), every
   candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages.
 
 Every timing is a CUDA-graph replay (median of a few). Candidates compile first, in ``--jobs``
@@ -44,9 +44,9 @@ ATTENTION_MODELS = {
     "qwen3-30b-a3b": (32, 4, 128),
 }  # heads, kv, dim
 PREFILL = [1024] * 16
-# The extend kernel runs a vLLM step's decodes and chunked-prefill extends in one launch, so it is
-# tuned on such a step: decodes, then extends, every sequence over the same context.
-MIXED = (128, 2, 512, 2048)  # decodes, extends, new tokens per extend, context
+# ATOM's vLLM backend gives a step's decodes a launch of their own (decode tiles), so extend is
+# tuned on the extend launch alone.
+EXTEND = (4, 512, 2048)  # extends, new tokens per extend, context
 
 
 # --- candidates -----------------------------------------------------------------------------------
@@ -170,8 +170,8 @@ class AttentionShape:
             self.max_len = max(PREFILL)
             self.flops = 2 * sum(n * n for n in PREFILL) * h * d
         else:
-            decodes, extends, new, context = MIXED
-            seqs, block = decodes + extends, 16
+            seqs, new, context = EXTEND
+            block = 16
             blocks = context // block
             self.table = torch.randperm(
                 seqs * blocks, device="cuda", dtype=torch.int32
@@ -180,11 +180,11 @@ class AttentionShape:
                 rand(seqs * blocks, block, kv, d),
                 rand(seqs * blocks, block, kv, d),
             )
-            q_lens = [1] * decodes + [new] * extends
+            q_lens = [new] * seqs
             self.q = rand(sum(q_lens), h, d)
             self.cu = cu(q_lens)
             self.lens = torch.full((seqs,), context, device="cuda", dtype=torch.int32)
-            self.flops = 4 * (decodes * context + extends * new * (context - new / 2)) * h * d
+            self.flops = 4 * seqs * new * (context - new / 2) * h * d
         self.out = torch.empty_like(self.q)
 
     def ours(self, config: dict | None):
@@ -211,7 +211,7 @@ class AttentionShape:
                 cu_seqlens_k=self.cu, softmax_scale=scale, causal=True, fa_version=3,
             )  # fmt: skip
         return lambda: fa(
-            self.q, self.k, self.v, MIXED[2], self.cu, MIXED[3], seqused_k=self.lens,
+            self.q, self.k, self.v, EXTEND[1], self.cu, EXTEND[2], seqused_k=self.lens,
             block_table=self.table, softmax_scale=scale, causal=True, fa_version=3,
         )  # fmt: skip
 
