@@ -23,7 +23,7 @@ from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
     check_same_device,
     dot_precision,
-    find_block_owner,
+    locate_block,
     next_pow2,
     sm_count,
 )
@@ -314,10 +314,7 @@ def _attention_kernel(
     head_block = tl.program_id(1) % HEAD_BLOCKS
     split = tl.program_id(2)
 
-    seq = find_block_owner(query_start_ptr, q_block, num_seqs, BLOCK_Q)
-    q_start = tl.load(query_start_ptr + seq)
-    q_len = tl.load(query_start_ptr + seq + 1) - q_start
-    first_token = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    seq, q_start, q_len, first_token = locate_block(query_start_ptr, q_block, num_seqs, BLOCK_Q)
     if first_token >= q_len:
         return
     if PAGED:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from atom_kernels.triton_utils import find_block_owner, interpreting
+from atom_kernels.triton_utils import interpreting, locate_block
 
 # Built-in tiles, the best of a one-off H200 sweep at head_dim 128 (bf16, script not kept): 64 x 64
 # with 4 warps and 3 stages beat 128 x 128 with 8 warps by 16 % (8 x 1024 tokens) and 15 % (ragged).
@@ -102,10 +102,7 @@ def _prefill_attention_kernel(
     head = tl.program_id(0)
     # Later query blocks see more keys: start them first so short blocks fill the tail of the grid.
     q_block = num_q_blocks - 1 - tl.program_id(1)
-    seq = find_block_owner(cu_ptr, q_block, num_seqs, BLOCK_M)
-    seq_start = tl.load(cu_ptr + seq)
-    seq_len = tl.load(cu_ptr + seq + 1) - seq_start
-    first = (q_block - (seq_start // BLOCK_M + seq)) * BLOCK_M
+    _, seq_start, seq_len, first = locate_block(cu_ptr, q_block, num_seqs, BLOCK_M)
     if first >= seq_len:
         return
     kv_col = (head // GROUP) * HEAD_DIM

@@ -121,11 +121,12 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
 
 
 @triton.jit
-def find_block_owner(starts_ptr, block, num_seqs, BLOCK: tl.constexpr):
-    """The sequence that owns row block ``block`` when sequence s's blocks are numbered from
-    ``starts[s] // BLOCK + s`` (``starts`` are cumulative row offsets): a binary search. Numbering
-    blocks this way bounds their count by rows // BLOCK + num_seqs, so a launch grid needs no
-    lengths read back from the GPU."""
+def locate_block(starts_ptr, block, num_seqs, BLOCK: tl.constexpr):
+    """(sequence, its first row, its row count, the block's first row within it) of row block
+    ``block``, when sequence s's blocks are numbered from ``starts[s] // BLOCK + s`` (``starts`` are
+    cumulative row offsets). Numbering blocks this way bounds their count by rows // BLOCK +
+    num_seqs, so a launch grid needs no lengths read back from the GPU; a block past its sequence's
+    end gets a first row >= the row count (its program has nothing to do)."""
     lo = 0
     hi = num_seqs
     while lo < hi:
@@ -134,4 +135,7 @@ def find_block_owner(starts_ptr, block, num_seqs, BLOCK: tl.constexpr):
             lo = mid + 1
         else:
             hi = mid
-    return lo - 1
+    seq = lo - 1
+    start = tl.load(starts_ptr + seq)
+    length = tl.load(starts_ptr + seq + 1) - start
+    return seq, start, length, (block - (start // BLOCK + seq)) * BLOCK
