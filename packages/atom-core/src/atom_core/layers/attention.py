@@ -54,16 +54,20 @@ class StandaloneAttention(nn.Module):
         super().__init__()
         self.spec = spec
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    writes_into_out = True
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
         s = self.spec
         cu = standalone_cu_seqlens(q.device)
-        out = atom_kernels.varlen_attention(
+        result = atom_kernels.varlen_attention(
             q.view(-1, s.num_heads, s.head_size),
             k.view(-1, s.num_kv_heads, s.head_size),
             v.view(-1, s.num_kv_heads, s.head_size),
             cu, cu, s.scale, True, s.sliding_window, s.sinks,
+            out=None if out is None else out.view(-1, s.num_heads, s.head_size),
         )
-        return out.reshape(q.shape[0], -1)
+        return result.reshape(q.shape[0], -1)
 
 
 _factory: AttentionFactory = StandaloneAttention
