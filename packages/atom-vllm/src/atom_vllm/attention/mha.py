@@ -80,8 +80,13 @@ class ATOMAttentionMetadata:
     num_decode_tokens: int
     num_extends: int
     num_extend_tokens: int
+    # query_start_loc of the extends alone, rebased to their first token (one subtraction per step
+    # rather than per layer); None without extends.
+    extend_query_start_loc: torch.Tensor | None
     num_prefills: int
     num_prefill_tokens: int
+    # The same for the prefills: their cu_seqlens.
+    prefill_query_start_loc: torch.Tensor | None
 
 
 def split_batch(query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor) -> tuple[int, int, int]:
@@ -127,6 +132,17 @@ class ATOMAttentionMetadataBuilder(AttentionMetadataBuilder[ATOMAttentionMetadat
         num_decodes, num_extends, num_prefills = split_batch(qsl_cpu, seq_lens_cpu[: m.num_reqs])
         decode_tokens = int(qsl_cpu[num_decodes])
         extend_tokens = int(qsl_cpu[num_decodes + num_extends]) - decode_tokens
+        extend_qsl = None
+        if num_extends:
+            extend_qsl = m.query_start_loc[num_decodes : num_decodes + num_extends + 1]
+            if decode_tokens:
+                extend_qsl = extend_qsl - decode_tokens
+        paged_reqs, paged_tokens = num_decodes + num_extends, decode_tokens + extend_tokens
+        prefill_qsl = None
+        if num_prefills:
+            prefill_qsl = m.query_start_loc[paged_reqs : m.num_reqs + 1]
+            if paged_tokens:
+                prefill_qsl = prefill_qsl - paged_tokens
         return ATOMAttentionMetadata(
             num_reqs=m.num_reqs,
             num_actual_tokens=m.num_actual_tokens,
@@ -140,8 +156,10 @@ class ATOMAttentionMetadataBuilder(AttentionMetadataBuilder[ATOMAttentionMetadat
             num_decode_tokens=decode_tokens,
             num_extends=num_extends,
             num_extend_tokens=extend_tokens,
+            extend_query_start_loc=extend_qsl,
             num_prefills=num_prefills,
-            num_prefill_tokens=int(qsl_cpu[m.num_reqs]) - decode_tokens - extend_tokens,
+            num_prefill_tokens=int(qsl_cpu[m.num_reqs]) - paged_tokens,
+            prefill_query_start_loc=prefill_qsl,
         )
 
 
@@ -197,13 +215,13 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
             first, start = m.num_decodes, m.num_decode_tokens
             atom_kernels.paged_attention(
                 query[start:paged_tokens], key_cache, value_cache,
-                m.query_start_loc[first : paged_reqs + 1] - start, m.seq_lens[first:paged_reqs],
+                m.extend_query_start_loc, m.seq_lens[first:paged_reqs],
                 m.block_table[first:paged_reqs], self.scale, self.sliding_window, self.sinks,
                 out=output[start:paged_tokens],
             )
         if m.num_prefills:
             end = paged_tokens + m.num_prefill_tokens
-            cu_seqlens = m.query_start_loc[paged_reqs : m.num_reqs + 1] - paged_tokens
+            cu_seqlens = m.prefill_query_start_loc
             atom_kernels.varlen_attention(
                 query[paged_tokens:end], key[paged_tokens:end], value[paged_tokens:end],
                 cu_seqlens, cu_seqlens, self.scale, True, self.sliding_window, self.sinks,
