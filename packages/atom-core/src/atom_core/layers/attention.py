@@ -50,11 +50,11 @@ hidden-sized copy per layer and step)."""
 class StandaloneAttention(nn.Module):
     """Cache-less causal attention over the batch set by :func:`standalone_batch`."""
 
+    writes_into_out = True
+
     def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.spec = spec
-
-    writes_into_out = True
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:

@@ -207,6 +207,8 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
     """vLLM's side of one ATOM MLA layer (see the module docstring); the model calls it as the
     :class:`atom_core.layers.mla.LatentAttention` implementation."""
 
+    writes_into_out = True  # see atom_core.layers.attention.AttentionFactory
+
     def __init__(self, spec: LatentAttentionSpec):
         super().__init__()
         vllm_config = get_current_vllm_config()
@@ -243,8 +245,6 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
             dtype=kv_cache_dtype_str_to_dtype(self.kv_cache_dtype, vllm_config.model_config),
             cache_dtype_str=self.kv_cache_dtype,
         )
-
-    writes_into_out = True
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
                 k_pe: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
