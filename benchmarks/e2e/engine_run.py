@@ -17,8 +17,10 @@ import time
 
 
 def served_by(model) -> dict:
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
     impls = sorted({type(m.impl).__module__ + "." + type(m.impl).__name__ for m in model.modules()
-                    if type(m).__name__ == "Attention" and hasattr(m, "impl")
+                    if isinstance(m, AttentionLayerBase) and hasattr(m, "impl")
                     and type(m.impl).__name__.endswith("Impl")})
     return {"model_class": type(model).__module__ + "." + type(model).__name__, "attention": impls}
 

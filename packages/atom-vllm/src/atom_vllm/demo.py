@@ -47,8 +47,10 @@ def main() -> None:
         print(f"    token ids: {list(completion.token_ids)}")
 
     def served_by(module) -> dict:
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
         impls = {type(m.impl).__module__ + "." + type(m.impl).__name__
-                 for m in module.modules() if type(m).__name__ == "Attention" and hasattr(m, "impl")
+                 for m in module.modules() if isinstance(m, AttentionLayerBase) and hasattr(m, "impl")
                  and type(m.impl).__name__.endswith("Impl")}
         inner = getattr(module, "model", module)
         return {"model": type(module).__module__ + "." + type(module).__name__,
