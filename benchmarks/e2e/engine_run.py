@@ -15,14 +15,7 @@ import shutil
 import tempfile
 import time
 
-
-def served_by(model) -> dict:
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
-    impls = sorted({type(m.impl).__module__ + "." + type(m.impl).__name__ for m in model.modules()
-                    if isinstance(m, AttentionLayerBase) and hasattr(m, "impl")
-                    and type(m.impl).__name__.endswith("Impl")})
-    return {"model_class": type(model).__module__ + "." + type(model).__name__, "attention": impls}
+from atom_vllm.served_by import describe_served_model
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -74,7 +67,7 @@ def main() -> None:
     result = {"config": os.path.basename(args.config), "eager": args.eager,
               "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1",
               "engine_start_s": time.perf_counter() - start,
-              "served_by": llm.apply_model(served_by)[0]}
+              "served_by": llm.apply_model(describe_served_model)[0]}
 
     if args.correctness:
         count, new_tokens = map(int, args.correctness.split(","))

@@ -25,7 +25,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_run import random_prompts, served_by  # noqa: E402
+from engine_run import random_prompts  # noqa: E402
+
+from atom_vllm.served_by import describe_served_model  # noqa: E402
 
 # First match wins: kernel name -> op class.
 OP_CLASSES = [
@@ -109,7 +111,7 @@ def main() -> None:
     llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=2048, seed=0, gpu_memory_utilization=0.85)
     engine = llm.llm_engine
-    result = {"config": os.path.basename(args.config), "served_by": llm.apply_model(served_by)[0],
+    result = {"config": os.path.basename(args.config), "served_by": llm.apply_model(describe_served_model)[0],
               "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1"}
 
     def submit(prompts, max_tokens, tag):

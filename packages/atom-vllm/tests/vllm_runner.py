@@ -10,26 +10,12 @@ import json
 import os
 import sys
 
+from atom_vllm.served_by import describe_served_model
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 RESULT_MARKER = "VLLM_RUNNER_RESULT "
-
-
-def describe_model(model) -> dict:
-    """Which classes actually serve: the model class and the attention impl of each layer."""
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
-    impls = sorted(
-        {type(m.impl).__module__ + "." + type(m.impl).__name__
-         for m in model.modules() if isinstance(m, AttentionLayerBase) and hasattr(m, "impl")}
-    )
-    inner = getattr(model, "model", None)
-    return {
-        "model_class": type(model).__module__ + "." + type(model).__name__,
-        "inner_class": type(inner).__module__ + "." + type(inner).__name__,
-        "attention_impls": [i for i in impls if "Impl" in i],
-    }
 
 
 def main() -> None:
@@ -58,7 +44,7 @@ def main() -> None:
     scheduler = llm.llm_engine.vllm_config.scheduler_config
     result = {
         "phases": phases,
-        "served_by": llm.apply_model(describe_model)[0],
+        "served_by": llm.apply_model(describe_served_model)[0],
         # As the engine ran, after every platform adjustment.
         "scheduler": {"enable_chunked_prefill": scheduler.enable_chunked_prefill,
                       "max_num_batched_tokens": scheduler.max_num_batched_tokens},

@@ -27,6 +27,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     import atom_kernels
+    from atom_vllm.served_by import describe_served_model
 
     model = args.model
     if model is None:
@@ -46,26 +47,15 @@ def main() -> None:
         print(f"{prompt!r} -> {completion.text!r}")
         print(f"    token ids: {list(completion.token_ids)}")
 
-    def served_by(module) -> dict:
-        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
-        impls = {type(m.impl).__module__ + "." + type(m.impl).__name__
-                 for m in module.modules() if isinstance(m, AttentionLayerBase) and hasattr(m, "impl")
-                 and type(m.impl).__name__.endswith("Impl")}
-        inner = getattr(module, "model", module)
-        return {"model": type(module).__module__ + "." + type(module).__name__,
-                "inner": type(inner).__module__ + "." + type(inner).__name__,
-                "attention": sorted(impls)}
-
     from vllm.platforms import current_platform
 
-    info = llm.apply_model(served_by)[0]
+    info = llm.apply_model(describe_served_model)[0]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print("\n=== ATOM parts active ===")
     print(f"platform:        {type(current_platform).__module__}.{type(current_platform).__name__}")
-    print(f"model wrapper:   {info['model']}")
-    print(f"model:           {info['inner']}")
-    print(f"attention impl:  {', '.join(info['attention'])}")
+    print(f"model wrapper:   {info['model_class']}")
+    print(f"model:           {info['inner_class']}")
+    print(f"attention impl:  {', '.join(info['attention_impls'])}")
     print(f"kernel backends ({device}):")
     for op, backend in atom_kernels.backend_report(device).items():
         print(f"    {op:<36} {backend}")
