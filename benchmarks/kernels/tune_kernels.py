@@ -384,6 +384,27 @@ def tune_attention(report: dict) -> dict:
     return table
 
 
+def comparison_row(times: dict, theirs_us: float, theirs: str, max_rel_diff: float, **shape) -> dict:
+    """One report row: built-in and tuned tiles against the reference kernel ``theirs``."""
+    return {
+        **shape,
+        "default_us": times["default"],
+        "tuned_us": times["tuned"],
+        f"{theirs}_us": theirs_us,
+        "ratio_default": times["default"] / theirs_us,
+        "ratio_tuned": times["tuned"] / theirs_us,
+        f"max_rel_diff_vs_{theirs}": max_rel_diff,
+    }
+
+
+def print_row(label: str, row: dict, theirs: str) -> None:
+    print(
+        f"{label}: default {row['default_us']:8.1f} tuned {row['tuned_us']:8.1f} {theirs} "
+        f"{row[theirs + '_us']:8.1f} us  ratio {row['ratio_default']:.2f} -> {row['ratio_tuned']:.2f}"
+        f"  diff {row['max_rel_diff_vs_' + theirs]:.1e}"
+    )
+
+
 def compare_ops(report: dict, ops: list[str]) -> None:
     """The whole ops with the built-in defaults, with the new tables, and vLLM's kernel."""
     import atom_kernels as ak
@@ -419,45 +440,21 @@ def compare_ops(report: dict, ops: list[str]) -> None:
                 times = both(lambda a=args: ak.fused_moe(*a))
                 theirs = graph_us(lambda a=args: fused_experts(*a))
                 ref = fused_experts(*args)
-                row = {
-                    "model": model,
-                    "tokens": num_tokens,
-                    "default_us": times["default"],
-                    "tuned_us": times["tuned"],
-                    "vllm_us": theirs,
-                    "ratio_default": times["default"] / theirs,
-                    "ratio_tuned": times["tuned"] / theirs,
-                    "max_rel_diff_vs_vllm": rel(times["tuned_out"], ref),
-                }
+                row = comparison_row(times, theirs, "vllm", rel(times["tuned_out"], ref),
+                                     model=model, tokens=num_tokens)
                 report["fused_moe"].append(row)
-                print(
-                    f"fused_moe {model} {num_tokens:6d}: default {row['default_us']:8.1f} tuned "
-                    f"{row['tuned_us']:8.1f} vllm {theirs:8.1f} us  ratio {row['ratio_default']:.2f} "
-                    f"-> {row['ratio_tuned']:.2f}  diff {row['max_rel_diff_vs_vllm']:.1e}"
-                )
+                print_row(f"fused_moe {model} {num_tokens:6d}", row, "vllm")
     if "attention" in ops:
         for model in ATTENTION_MODELS:
             for kind in ("prefill", "extend"):
                 s = AttentionShape(model, kind)
                 times = both(lambda s=s: s.ours(None)())
                 theirs = graph_us(s.fa3())
-                row = {
-                    "model": model,
-                    "kind": kind,
-                    "default_us": times["default"],
-                    "tuned_us": times["tuned"],
-                    "fa3_us": theirs,
-                    "ratio_default": times["default"] / theirs,
-                    "ratio_tuned": times["tuned"] / theirs,
-                    "tuned_tflops": s.flops / times["tuned"] / 1e6,
-                    "max_rel_diff_vs_fa3": rel(times["tuned_out"], s.fa3()()),
-                }
+                row = comparison_row(times, theirs, "fa3", rel(times["tuned_out"], s.fa3()()),
+                                     model=model, kind=kind)
+                row["tuned_tflops"] = s.flops / times["tuned"] / 1e6
                 report["attention"].append(row)
-                print(
-                    f"attention {model} {kind}: default {row['default_us']:.1f} tuned "
-                    f"{row['tuned_us']:.1f} FA3 {theirs:.1f} us  ratio {row['ratio_default']:.2f} "
-                    f"-> {row['ratio_tuned']:.2f}  diff {row['max_rel_diff_vs_fa3']:.1e}"
-                )
+                print_row(f"attention {model} {kind}", row, "fa3")
 
 
 def write_table(path: Path, device: str, entries: dict) -> None:

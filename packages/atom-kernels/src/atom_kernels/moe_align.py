@@ -64,6 +64,14 @@ def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
 #    neighbours), and each block of BLOCK_M rows finds its expert by binary search.
 
 
+@triton.jit
+def _chunk_experts(ids_ptr, num_entries, CHUNK: tl.constexpr):
+    """This program's chunk of routing entries: (entry indices, valid mask, expert ids)."""
+    entries = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    valid = entries < num_entries
+    return entries, valid, tl.load(ids_ptr + entries, mask=valid, other=0)
+
+
 @triton.jit(do_not_specialize=["num_entries", "capacity", "fill_per_program"])
 def _moe_count_kernel(
     ids_ptr,
@@ -76,9 +84,7 @@ def _moe_count_kernel(
     CHUNK: tl.constexpr,
 ):
     chunk = tl.program_id(0)
-    entries = chunk * CHUNK + tl.arange(0, CHUNK)
-    valid = entries < num_entries
-    experts = tl.load(ids_ptr + entries, mask=valid, other=0)
+    _, valid, experts = _chunk_experts(ids_ptr, num_entries, CHUNK)
     counts = tl.histogram(experts, E_P2, mask=valid)
     tl.store(counts_ptr + chunk * E_P2 + tl.arange(0, E_P2), counts)
     for start in range(chunk * fill_per_program, (chunk + 1) * fill_per_program, CHUNK):
@@ -130,9 +136,7 @@ def _moe_scatter_kernel(
     CHUNK: tl.constexpr,
 ):
     chunk = tl.program_id(0)
-    entries = chunk * CHUNK + tl.arange(0, CHUNK)
-    valid = entries < num_entries
-    experts = tl.load(ids_ptr + entries, mask=valid, other=0)
+    entries, valid, experts = _chunk_experts(ids_ptr, num_entries, CHUNK)
     rows = tl.atomic_add(next_free_ptr + chunk * E_P2 + experts, 1, mask=valid)
     tl.store(sorted_ids_ptr + rows, entries, mask=valid)
     # Block b belongs to the first expert whose run ends after its first row (-1: past every run).
