@@ -19,7 +19,8 @@ def vllm_attention_class() -> type[nn.Module]:
     """vLLM's ``Attention`` layer, able to write into a caller's buffer (``writes_into_out``, see
     atom_core.layers.attention): vLLM's own forward allocates an output that ATOM's compiled graph
     would then copy, a hidden-sized copy per layer and step (the size of the 1.1 ms of device
-    copies in a 183 ms Qwen3-8B prefill step on an H200). Built on first use: vLLM's layer modules must not load with the plugin."""
+    copies in a 183 ms Qwen3-8B prefill step on an H200). Built on first use: vLLM's layer modules
+    must not load with the plugin."""
     from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.attention.attention import unified_attention_with_output
 
