@@ -706,12 +706,13 @@ def choose_num_splits(
     tile: int = 64,
 ) -> int:
     """Split-K factor for a decode batch: enough programs to fill the GPU about twice over, but at
-    least 4 KV tiles per split when the longest sequence is known."""
+    least 4 KV tiles per split when the longest sequence is known. At most 64 splits: MLA runs all
+    16 heads of a sequence in one program, so 4 long sequences need 64 splits to fill 132 SMs."""
     programs = max(1, num_seqs * programs_per_seq)
     target = 2 * sm_count(device)
     if programs >= target:
         return 1
-    splits = min(16, next_pow2(triton.cdiv(target, programs)))
+    splits = min(64, next_pow2(triton.cdiv(target, programs)))
     if max_seq_len is not None:
         splits = min(splits, next_pow2(max(1, triton.cdiv(max_seq_len, 4 * tile))))
     return splits

@@ -262,6 +262,14 @@ def topk_softmax_triton(
     return weights, ids
 
 
+@triton.jit
+def _router_scores(logits, row_max, denom, SIGMOID: tl.constexpr):
+    """Sigmoid scores, or softmax probabilities from the row's max and normaliser."""
+    if SIGMOID:
+        return tl.sigmoid(logits)
+    return tl.exp(logits - row_max) / denom
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _grouped_topk_kernel(
     logits_ptr,
@@ -281,63 +289,65 @@ def _grouped_topk_kernel(
     BLOCK_T: tl.constexpr,
     E_P2: tl.constexpr,
     G_P2: tl.constexpr,
+    S_P2: tl.constexpr,
     K_P2: tl.constexpr,
 ):
+    """Each row is read twice from the same lines: as [experts] for the final top-k and as
+    [groups, group members] so that every group's score is one reduction over the last axis."""
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    rows = logits_ptr + tokens.to(tl.int64) * logits_stride
     experts = tl.arange(0, E_P2)[None, :]
     valid = experts < num_experts
-    mask = (tokens < num_tokens) & valid
-    logits = tl.load(
-        logits_ptr + tokens.to(tl.int64) * logits_stride + experts, mask=mask, other=0.0
-    )
+    logits = tl.load(rows + experts, mask=(tokens < num_tokens) & valid, other=float("-inf"))
     logits = logits.to(tl.float32)
-    if SIGMOID:
-        scores = tl.sigmoid(logits)
-    else:
-        logits = tl.where(valid, logits, float("-inf"))
-        row_max = tl.max(logits, axis=1)
-        scores = tl.exp(logits - row_max[:, None])
-        scores = scores / tl.sum(scores, axis=1)[:, None]
-    choice = scores
+    row_max = tl.max(logits, axis=1)[:, None]
+    row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+    denom = 1.0
+    if not SIGMOID:
+        denom = tl.sum(tl.exp(logits - row_max), axis=1)[:, None]
+    choice = _router_scores(logits, row_max, denom, SIGMOID)
     if HAS_BIAS:
         choice += tl.load(bias_ptr + experts, mask=valid, other=0.0).to(tl.float32)
     choice = tl.where(valid, choice, float("-inf"))
 
-    group_of = experts // (num_experts // NUM_GROUPS)
+    group_size = num_experts // NUM_GROUPS
+    groups = tl.arange(0, G_P2)[None, :, None]
+    members = tl.arange(0, S_P2)[None, None, :]
+    in_group = (groups < NUM_GROUPS) & (members < group_size)
+    grouped = groups * group_size + members
+    logits3 = tl.load(
+        rows[:, :, None] + grouped, mask=(tokens[:, :, None] < num_tokens) & in_group, other=0.0
+    ).to(tl.float32)
+    key = _router_scores(logits3, row_max[:, :, None], denom, SIGMOID)
+    if HAS_BIAS:
+        key += tl.load(bias_ptr + grouped, mask=in_group, other=0.0).to(tl.float32)
+    key = tl.where(in_group, key, float("-inf"))
+    if HAS_BIAS:  # DeepSeek-V3 noaux_tc: a group scores the sum of its two best
+        first, first_idx = tl.max(key, axis=2, return_indices=True, return_indices_tie_break_left=True)
+        second = tl.max(tl.where(members == first_idx[:, :, None], float("-inf"), key), axis=2)
+        group_scores = first + second
+    else:
+        group_scores = tl.max(key, axis=2)
+
+    group_of = experts // group_size
     group_slots = tl.arange(0, G_P2)[None, :]
-    group_scores = tl.full([BLOCK_T, G_P2], float("-inf"), tl.float32)
-    for g in tl.static_range(NUM_GROUPS):
-        in_group = tl.where(group_of == g, choice, float("-inf"))
-        if HAS_BIAS:
-            first, first_idx = tl.max(
-                in_group, axis=1, return_indices=True, return_indices_tie_break_left=True
-            )
-            second = tl.max(
-                tl.where(experts == first_idx[:, None], float("-inf"), in_group), axis=1
-            )
-            score = first + second
-        else:
-            score = tl.max(in_group, axis=1)
-        group_scores = tl.where(group_slots == g, score[:, None], group_scores)
     kept = tl.zeros([BLOCK_T, E_P2], tl.int1)
     for _ in tl.static_range(TOPK_GROUP):
-        best_group = tl.argmax(group_scores, axis=1, tie_break_left=True)
+        _, best_group = tl.max(
+            group_scores, axis=1, return_indices=True, return_indices_tie_break_left=True
+        )
         kept = kept | (group_of == best_group[:, None])
         group_scores = tl.where(group_slots == best_group[:, None], float("-inf"), group_scores)
 
     _, top_ids = _take_topk(tl.where(kept, choice, float("-inf")), experts, TOP_K, K_P2)
     slots = tl.arange(0, K_P2)[None, :]
-    top_values = tl.zeros([BLOCK_T, K_P2], tl.float32)
-    for i in tl.static_range(TOP_K):
-        expert_i = tl.sum(tl.where(slots == i, top_ids, 0), axis=1)
-        score_i = tl.sum(tl.where(experts == expert_i[:, None], scores, 0.0), axis=1)
-        top_values = tl.where(slots == i, score_i[:, None], top_values)
-    if RENORMALIZE:
-        top_values = top_values / (
-            tl.sum(tl.where(slots < TOP_K, top_values, 0.0), axis=1)[:, None] + 1e-20
-        )
-    top_values = top_values * routed_scaling_factor
     out_mask = (tokens < num_tokens) & (slots < TOP_K)
+    # The weights are the unbiased scores of the picked experts: read their logits again.
+    top_logits = tl.load(rows + top_ids, mask=out_mask, other=float("-inf")).to(tl.float32)
+    top_values = tl.where(out_mask, _router_scores(top_logits, row_max, denom, SIGMOID), 0.0)
+    if RENORMALIZE:
+        top_values = top_values / (tl.sum(top_values, axis=1)[:, None] + 1e-20)
+    top_values = top_values * routed_scaling_factor
     tl.store(weights_ptr + tokens * TOP_K + slots, top_values, mask=out_mask)
     tl.store(ids_ptr + tokens * TOP_K + slots, top_ids, mask=out_mask)
 
@@ -385,6 +395,7 @@ def grouped_topk_triton(
         BLOCK_T=block_t,
         E_P2=e_p2,
         G_P2=next_pow2(num_expert_group),
+        S_P2=next_pow2(num_experts // num_expert_group),
         K_P2=next_pow2(top_k),
         num_warps=num_warps,
     )
