@@ -7,7 +7,8 @@ for GPT-OSS's activation and sinks, gpt-oss-20b) it times ``atom_kernels``' Trit
 vLLM's kernel (``vllm._custom_ops``, vLLM's Triton fused MoE and MLA decode, FlashAttention 3 through
 ``vllm.vllm_flash_attn``) with ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs,
 median). It measures the HBM bandwidth ceiling with a device-to-device copy and reports each timing's
-share of it, from the bytes the op must move at least. One output comparison per case guards against
+share of it, from the bytes the op must move at least, and the time of a kernel that stores one value
+(the floor under every decode-sized op). One output comparison per case guards against
 timing a wrong path. Prints a table and writes JSON: device, versions, bandwidth, and per case the
 times, the ratio ours / vLLM (< 1: ours is faster), bandwidth shares, TFLOP/s where compute matters.
 
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 from triton.testing import do_bench, do_bench_cudagraph
 
 BF16 = torch.bfloat16
@@ -121,6 +123,18 @@ def hbm_bandwidth() -> float:
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
     return 2 * src.numel() / (ms * 1e-3)
+
+
+@triton.jit
+def _one_store_kernel(ptr):
+    tl.store(ptr, 1)
+
+
+def launch_floor_us() -> float:
+    """Graph-replay time of a kernel that stores one value: what a decode-sized op pays before it
+    moves any data. The %BW of a 1-2 MB op is bounded by bytes / (floor + bytes / bandwidth)."""
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    return do_bench_cudagraph(lambda: _one_store_kernel[(1,)](flag), rep=100, return_mode="median") * 1e3
 
 
 # --- cases ----------------------------------------------------------------------------------------
@@ -820,10 +834,14 @@ def main() -> None:
             "vllm": vllm.__version__,
         },
         "hbm_bandwidth_GBps": bandwidth / 1e9,
+        "launch_floor_us": launch_floor_us(),
         "backends": ak.backend_report("cuda"),
         "results": [],
     }
-    print(f"{report['device']}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; {report['versions']}")
+    print(
+        f"{report['device']}: copy bandwidth {bandwidth / 1e9:.0f} GB/s; one-store kernel "
+        f"{report['launch_floor_us']:.2f} us per graph replay; {report['versions']}"
+    )
     print(
         f"{'op':34} {'model':16} {'case':22} {'ours us':>9} {'vllm us':>9} {'ratio':>6} {'eager':>6} "
         f"{'roofline':>12} rel diff   (graph-replay times; eager = ratio of eager times)"
