@@ -170,13 +170,15 @@ def _gemm_config(m: int) -> dict[str, int]:
             "num_warps": 4,
             "num_stages": 4,
         }
+    # Four stages: 44.0 vs 50.2 us at M=128 and 2015 vs 2103 us at M=8192 (token x channel, N=24576,
+    # K=4096, H200 sweep in session 5); block-scaled runs the same either way.
     return {
         "BLOCK_M": 128,
         "BLOCK_N": 128,
         "BLOCK_K": 128,
         "GROUP_M": 8,
         "num_warps": 8,
-        "num_stages": 3,
+        "num_stages": 4,
     }
 
 
