@@ -48,9 +48,6 @@ def moe_align_block_size_torch(
     return sorted_ids, block_expert
 
 
-ONE_PROGRAM_ENTRIES = 4096
-
-
 def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
     """Rows of the padded sort: every entry plus, per used expert, the padding of its last block."""
     capacity = num_entries + min(num_experts, num_entries) * (block_m - 1)
@@ -65,9 +62,10 @@ def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
 # 3. _moe_scatter_kernel: each entry takes its chunk's next row for its expert (atomics on that
 #    chunk's own row, so the order within a run is arbitrary; no GEMM row depends on its
 #    neighbours), and each block of BLOCK_M rows finds its expert by binary search.
-# Up to ONE_PROGRAM_ENTRIES entries (decode batches: 512 tokens at top-8), _moe_align_one_chunk_kernel
-# does the three steps in one program, which saves two launches of a few microseconds each on every
-# MoE layer.
+# With one chunk (up to CHUNK entries: decode batches), _moe_align_one_chunk_kernel does the three
+# steps in one program, which saves two launches of a few microseconds each on every MoE layer.
+# Not further: one program over 4096 entries (8 warps) took 21.0 us on an H200, the three launches
+# 15.4 us (Qwen3-30B-A3B, 512 tokens; session 5).
 
 
 @triton.jit
@@ -247,13 +245,16 @@ def moe_align_block_size_triton(
     sorted_ids = torch.empty((capacity,), dtype=torch.int32, device=device)
     block_expert = torch.empty((num_blocks,), dtype=torch.int32, device=device)
     e_p2 = next_pow2(num_experts)
+    # Two chunk sizes only (both compile during an engine's warm-up: decode-sized and max-sized).
+    chunk = 1024 if num_entries <= 16384 else 4096
+    num_chunks = max(1, triton.cdiv(num_entries, chunk))
+    counts = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
     run_end = torch.empty((e_p2,), dtype=torch.int32, device=device)
     log2_e_p2 = e_p2.bit_length() - 1
-    if num_entries <= ONE_PROGRAM_ENTRIES:
-        chunk = 1024 if num_entries <= 1024 else ONE_PROGRAM_ENTRIES
+    if num_chunks == 1:
         _moe_align_one_chunk_kernel[(1,)](
             ids,
-            torch.empty((e_p2,), dtype=torch.int32, device=device),
+            counts,
             run_end,
             sorted_ids,
             block_expert,
@@ -265,13 +266,8 @@ def moe_align_block_size_triton(
             E_P2=e_p2,
             LOG2_E_P2=log2_e_p2,
             CHUNK=chunk,
-            num_warps=4 if chunk == 1024 else 8,
         )
         return sorted_ids, block_expert
-    # Two chunk sizes only (both compile during an engine's warm-up: decode-sized and max-sized).
-    chunk = 1024 if num_entries <= 16384 else 4096
-    num_chunks = triton.cdiv(num_entries, chunk)
-    counts = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
 
     def per_program(n: int) -> int:  # n rows split over the programs, in whole chunks
         return triton.cdiv(triton.cdiv(n, num_chunks), chunk) * chunk
