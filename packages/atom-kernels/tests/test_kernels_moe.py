@@ -220,10 +220,10 @@ def test_moe_align_block_size(backend):
     (1, 8, 2, 16, False),  # one chunk: the one-program sort
     (128, 128, 8, 16, False),  # one full chunk of 1024 entries
     (200, 60, 4, 32, True),  # one chunk; most entries on two experts, many experts empty
-    (300, 64, 6, 16, False),  # two chunks: the three-launch sort
+    (300, 64, 6, 16, False),  # two chunks: the two-launch sort
     (512, 128, 8, 16, False),  # four full chunks
     (1500, 60, 4, 32, True),  # six chunks, skewed
-    (2000, 128, 8, 64, False),  # three launches, 16 chunks of 1024 entries
+    (2000, 128, 8, 64, False),  # 16 chunks of 1024 entries: two tiles of histogram rows
     (2100, 128, 8, 128, False),  # past 16384 entries: chunks of 4096
 ])
 def test_moe_align_block_size_random(backend, num_tokens, num_experts, top_k, block_m, skewed):

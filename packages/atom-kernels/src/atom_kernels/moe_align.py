@@ -54,125 +54,68 @@ def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
     return triton.cdiv(capacity, block_m) * block_m
 
 
-# The Triton sort runs in three launches, each over chunks of CHUNK entries in parallel:
-# 1. _moe_count_kernel: each chunk's histogram of experts; the programs also fill sorted_ids with
-#    the padding value.
-# 2. _moe_offsets_kernel (one program): expert runs padded to BLOCK_M; each chunk's histogram row
-#    becomes the first row that chunk may write for each expert.
-# 3. _moe_scatter_kernel: each entry takes its chunk's next row for its expert (atomics on that
-#    chunk's own row, so the order within a run is arbitrary; no GEMM row depends on its
-#    neighbours), and each block of BLOCK_M rows finds its expert by binary search.
-# With one chunk (up to CHUNK entries: decode batches), _moe_align_one_chunk_kernel does the three
-# steps in one program, which saves two launches of a few microseconds each on every MoE layer.
-# Not further: one program over 4096 entries (8 warps) took 21.0 us on an H200, the three launches
-# 15.4 us (Qwen3-30B-A3B, 512 tokens; session 5).
+# The Triton sort runs in two launches, each over chunks of CHUNK entries in parallel:
+# 1. _moe_count_kernel: each chunk's histogram of experts into its row of `counts`; the programs
+#    also fill sorted_ids with the padding value.
+# 2. _moe_scatter_kernel: each program sums the histogram rows itself (a few KB) into the expert runs,
+#    padded to BLOCK_M, and the first row its chunk may write in each run. Then each entry takes its
+#    chunk's next row for its expert (atomics on that chunk's own row of `next_free`, so the order
+#    within a run is arbitrary; no GEMM row depends on its neighbours), and each block of BLOCK_M
+#    rows finds its expert by binary search.
+# With one chunk (up to CHUNK entries: decode batches), _moe_align_one_chunk_kernel runs both steps in
+# one program. Not further: one program over 4096 entries (8 warps) took 21.0 us on an H200, three
+# launches 15.4 us (Qwen3-30B-A3B, 512 tokens; session 5).
 
 
 @triton.jit
-def _chunk_experts(ids_ptr, num_entries, CHUNK: tl.constexpr):
-    """This program's chunk of routing entries: (entry indices, valid mask, expert ids)."""
-    entries = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+def _chunk_experts(ids_ptr, chunk, num_entries, CHUNK: tl.constexpr):
+    """Chunk ``chunk`` of the routing entries: (entry indices, valid mask, expert ids)."""
+    entries = chunk * CHUNK + tl.arange(0, CHUNK)
     valid = entries < num_entries
     return entries, valid, tl.load(ids_ptr + entries, mask=valid, other=0)
 
 
-@triton.jit(do_not_specialize=["num_entries", "capacity", "fill_per_program"])
-def _moe_count_kernel(
-    ids_ptr,
-    counts_ptr,
-    sorted_ids_ptr,
-    num_entries,
-    capacity,
-    fill_per_program,
-    E_P2: tl.constexpr,
-    CHUNK: tl.constexpr,
+@triton.jit
+def _count_chunk(
+    ids_ptr, counts_ptr, sorted_ids_ptr, chunk, num_entries, capacity, fill_per_program,
+    E_P2: tl.constexpr, CHUNK: tl.constexpr,
 ):
-    chunk = tl.program_id(0)
-    _, valid, experts = _chunk_experts(ids_ptr, num_entries, CHUNK)
-    counts = tl.histogram(experts, E_P2, mask=valid)
-    tl.store(counts_ptr + chunk * E_P2 + tl.arange(0, E_P2), counts)
+    """Step 1 for one chunk: its histogram row, and its share of the padding fill."""
+    _, valid, experts = _chunk_experts(ids_ptr, chunk, num_entries, CHUNK)
+    tl.store(counts_ptr + chunk * E_P2 + tl.arange(0, E_P2), tl.histogram(experts, E_P2, mask=valid))
     for start in range(chunk * fill_per_program, (chunk + 1) * fill_per_program, CHUNK):
         rows = start + tl.arange(0, CHUNK)
         tl.store(sorted_ids_ptr + rows, num_entries, mask=rows < capacity)
 
 
-@triton.jit(do_not_specialize=["num_chunks"])
-def _moe_offsets_kernel(
-    counts_ptr,
-    run_end_ptr,
-    num_chunks,
-    BLOCK_M: tl.constexpr,
-    E_P2: tl.constexpr,
+@triton.jit
+def _scatter_chunk(
+    ids_ptr, counts_ptr, next_free_ptr, run_end_ptr, sorted_ids_ptr, block_expert_ptr, chunk,
+    num_chunks, num_entries, num_experts, num_blocks, blocks_per_program,
+    BLOCK_M: tl.constexpr, E_P2: tl.constexpr, LOG2_E_P2: tl.constexpr, CHUNK: tl.constexpr,
     CHUNKS_TILE: tl.constexpr,
 ):
-    experts = tl.arange(0, E_P2)[None, :]
+    """Step 2 for one chunk. Every program writes the same run_end; each reads back only what it
+    wrote itself, after the barrier."""
+    experts_row = tl.arange(0, E_P2)[None, :]
     total = tl.zeros([E_P2], tl.int32)
+    before = tl.zeros([E_P2], tl.int32)
     for first in range(0, num_chunks, CHUNKS_TILE):
         chunks = first + tl.arange(0, CHUNKS_TILE)[:, None]
-        tile = tl.load(counts_ptr + chunks * E_P2 + experts, mask=chunks < num_chunks, other=0)
+        tile = tl.load(counts_ptr + chunks * E_P2 + experts_row, mask=chunks < num_chunks, other=0)
         total += tl.sum(tile, axis=0)
+        before += tl.sum(tl.where(chunks < chunk, tile, 0), axis=0)
     padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     run_end = tl.cumsum(padded, axis=0)
     tl.store(run_end_ptr + tl.arange(0, E_P2), run_end)
-    next_free = run_end - padded
-    for first in range(0, num_chunks, CHUNKS_TILE):
-        chunks = first + tl.arange(0, CHUNKS_TILE)[:, None]
-        ptrs = counts_ptr + chunks * E_P2 + experts
-        tile = tl.load(ptrs, mask=chunks < num_chunks, other=0)
-        tl.store(ptrs, next_free[None, :] + tl.cumsum(tile, axis=0) - tile, mask=chunks < num_chunks)
-        next_free += tl.sum(tile, axis=0)
-
-
-@triton.jit(do_not_specialize=["num_entries", "num_experts", "num_blocks", "blocks_per_program"])
-def _moe_scatter_kernel(
-    ids_ptr,
-    next_free_ptr,
-    run_end_ptr,
-    sorted_ids_ptr,
-    block_expert_ptr,
-    num_entries,
-    num_experts,
-    num_blocks,
-    blocks_per_program,
-    BLOCK_M: tl.constexpr,
-    E_P2: tl.constexpr,
-    LOG2_E_P2: tl.constexpr,
-    CHUNK: tl.constexpr,
-):
-    chunk = tl.program_id(0)
-    entries, valid, experts = _chunk_experts(ids_ptr, num_entries, CHUNK)
+    tl.store(next_free_ptr + chunk * E_P2 + tl.arange(0, E_P2), run_end - padded + before)
+    tl.debug_barrier()
+    entries, valid, experts = _chunk_experts(ids_ptr, chunk, num_entries, CHUNK)
     rows = tl.atomic_add(next_free_ptr + chunk * E_P2 + experts, 1, mask=valid)
     tl.store(sorted_ids_ptr + rows, entries, mask=valid)
-    _store_block_owners(
-        run_end_ptr,
-        block_expert_ptr,
-        chunk * blocks_per_program,
-        (chunk + 1) * blocks_per_program,
-        num_blocks,
-        num_experts,
-        BLOCK_M,
-        E_P2,
-        LOG2_E_P2,
-        CHUNK,
-    )
-
-
-@triton.jit
-def _store_block_owners(
-    run_end_ptr,
-    block_expert_ptr,
-    first_block,
-    end_block,
-    num_blocks,
-    num_experts,
-    BLOCK_M: tl.constexpr,
-    E_P2: tl.constexpr,
-    LOG2_E_P2: tl.constexpr,
-    CHUNK: tl.constexpr,
-):
-    """Block b belongs to the first expert whose run ends after its first row (-1: past every run);
-    a binary search over run_end for each block in [first_block, end_block)."""
-    for start in range(first_block, end_block, CHUNK):
+    # Block b belongs to the first expert whose run ends after its first row (-1: past every run).
+    first_block = chunk * blocks_per_program
+    for start in range(first_block, first_block + blocks_per_program, CHUNK):
         blocks = start + tl.arange(0, CHUNK)
         first_row = blocks * BLOCK_M
         lo = tl.zeros([CHUNK], tl.int32)
@@ -187,48 +130,42 @@ def _store_block_owners(
         tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_blocks)
 
 
+@triton.jit(do_not_specialize=["num_entries", "capacity", "fill_per_program"])
+def _moe_count_kernel(
+    ids_ptr, counts_ptr, sorted_ids_ptr, num_entries, capacity, fill_per_program,
+    E_P2: tl.constexpr, CHUNK: tl.constexpr,
+):
+    _count_chunk(ids_ptr, counts_ptr, sorted_ids_ptr, tl.program_id(0), num_entries, capacity,
+                 fill_per_program, E_P2, CHUNK)
+
+
+@triton.jit(
+    do_not_specialize=["num_chunks", "num_entries", "num_experts", "num_blocks", "blocks_per_program"]
+)
+def _moe_scatter_kernel(
+    ids_ptr, counts_ptr, next_free_ptr, run_end_ptr, sorted_ids_ptr, block_expert_ptr, num_chunks,
+    num_entries, num_experts, num_blocks, blocks_per_program,
+    BLOCK_M: tl.constexpr, E_P2: tl.constexpr, LOG2_E_P2: tl.constexpr, CHUNK: tl.constexpr,
+    CHUNKS_TILE: tl.constexpr,
+):
+    _scatter_chunk(ids_ptr, counts_ptr, next_free_ptr, run_end_ptr, sorted_ids_ptr, block_expert_ptr,
+                   tl.program_id(0), num_chunks, num_entries, num_experts, num_blocks,
+                   blocks_per_program, BLOCK_M, E_P2, LOG2_E_P2, CHUNK, CHUNKS_TILE)
+
+
 @triton.jit(do_not_specialize=["num_entries", "num_experts", "capacity", "num_blocks"])
 def _moe_align_one_chunk_kernel(
-    ids_ptr,
-    next_free_ptr,
-    run_end_ptr,
-    sorted_ids_ptr,
-    block_expert_ptr,
-    num_entries,
-    num_experts,
-    capacity,
-    num_blocks,
-    BLOCK_M: tl.constexpr,
-    E_P2: tl.constexpr,
-    LOG2_E_P2: tl.constexpr,
-    CHUNK: tl.constexpr,
+    ids_ptr, counts_ptr, next_free_ptr, run_end_ptr, sorted_ids_ptr, block_expert_ptr, num_entries,
+    num_experts, capacity, num_blocks,
+    BLOCK_M: tl.constexpr, E_P2: tl.constexpr, LOG2_E_P2: tl.constexpr, CHUNK: tl.constexpr,
 ):
-    """The three launches' work for a single chunk, in one program. The barriers order the padding
-    fill and the run starts before the atomics and the scatter that read or overwrite them."""
-    entries, valid, experts = _chunk_experts(ids_ptr, num_entries, CHUNK)
-    counts = tl.histogram(experts, E_P2, mask=valid)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    run_end = tl.cumsum(padded, axis=0)
-    tl.store(run_end_ptr + tl.arange(0, E_P2), run_end)
-    tl.store(next_free_ptr + tl.arange(0, E_P2), run_end - padded)
-    for start in range(0, capacity, CHUNK):
-        rows = start + tl.arange(0, CHUNK)
-        tl.store(sorted_ids_ptr + rows, num_entries, mask=rows < capacity)
+    """Both steps for a single chunk, in one program; the barrier orders the histogram row and the
+    padding fill before the scatter that reads or overwrites them."""
+    _count_chunk(ids_ptr, counts_ptr, sorted_ids_ptr, 0, num_entries, capacity, capacity, E_P2, CHUNK)
     tl.debug_barrier()
-    rows = tl.atomic_add(next_free_ptr + experts, 1, mask=valid)
-    tl.store(sorted_ids_ptr + rows, entries, mask=valid)
-    _store_block_owners(
-        run_end_ptr,
-        block_expert_ptr,
-        0,
-        num_blocks,
-        num_blocks,
-        num_experts,
-        BLOCK_M,
-        E_P2,
-        LOG2_E_P2,
-        CHUNK,
-    )
+    _scatter_chunk(ids_ptr, counts_ptr, next_free_ptr, run_end_ptr, sorted_ids_ptr, block_expert_ptr,
+                   0, 1, num_entries, num_experts, num_blocks, num_blocks, BLOCK_M, E_P2, LOG2_E_P2,
+                   CHUNK, 1)
 
 
 @moe_align_block_size.register("triton")
@@ -249,23 +186,13 @@ def moe_align_block_size_triton(
     chunk = 1024 if num_entries <= 16384 else 4096
     num_chunks = max(1, triton.cdiv(num_entries, chunk))
     counts = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
+    next_free = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
     run_end = torch.empty((e_p2,), dtype=torch.int32, device=device)
     log2_e_p2 = e_p2.bit_length() - 1
     if num_chunks == 1:
         _moe_align_one_chunk_kernel[(1,)](
-            ids,
-            counts,
-            run_end,
-            sorted_ids,
-            block_expert,
-            num_entries,
-            num_experts,
-            capacity,
-            num_blocks,
-            BLOCK_M=block_m,
-            E_P2=e_p2,
-            LOG2_E_P2=log2_e_p2,
-            CHUNK=chunk,
+            ids, counts, next_free, run_end, sorted_ids, block_expert, num_entries, num_experts,
+            capacity, num_blocks, BLOCK_M=block_m, E_P2=e_p2, LOG2_E_P2=log2_e_p2, CHUNK=chunk,
         )
         return sorted_ids, block_expert
 
@@ -275,22 +202,9 @@ def moe_align_block_size_triton(
     _moe_count_kernel[(num_chunks,)](
         ids, counts, sorted_ids, num_entries, capacity, per_program(capacity), E_P2=e_p2, CHUNK=chunk
     )
-    _moe_offsets_kernel[(1,)](
-        counts, run_end, num_chunks, BLOCK_M=block_m, E_P2=e_p2, CHUNKS_TILE=32, num_warps=8
-    )
     _moe_scatter_kernel[(num_chunks,)](
-        ids,
-        counts,
-        run_end,
-        sorted_ids,
-        block_expert,
-        num_entries,
-        num_experts,
-        num_blocks,
-        per_program(num_blocks),
-        BLOCK_M=block_m,
-        E_P2=e_p2,
-        LOG2_E_P2=log2_e_p2,
-        CHUNK=chunk,
+        ids, counts, next_free, run_end, sorted_ids, block_expert, num_chunks, num_entries,
+        num_experts, num_blocks, per_program(num_blocks), BLOCK_M=block_m, E_P2=e_p2,
+        LOG2_E_P2=log2_e_p2, CHUNK=chunk, CHUNKS_TILE=8,
     )
     return sorted_ids, block_expert
