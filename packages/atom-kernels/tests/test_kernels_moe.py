@@ -63,8 +63,13 @@ def hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, norm, scalin
 @float_dtypes
 @pytest.mark.parametrize(
     "num_tokens, num_experts, top_k, n_group, topk_group, renormalize, scaling",
-    [(7, 256, 8, 8, 4, True, 2.5), (33, 64, 6, 1, 1, True, 1.0), (4, 96, 8, 4, 2, False, 1.5)],
-    ids=["deepseek-v3", "one-group", "no-renorm"],
+    [
+        (7, 256, 8, 8, 4, True, 2.5),
+        (33, 64, 6, 1, 1, True, 1.0),
+        (4, 96, 8, 4, 2, False, 1.5),
+        (1027, 64, 6, 8, 4, True, 2.5),  # past 1024 tokens the Triton launch packs 8 rows a program
+    ],
+    ids=["deepseek-v3", "one-group", "no-renorm", "many-tokens"],
 )
 def test_grouped_topk_noaux_tc_matches_hf(
     backend, dtype, num_tokens, num_experts, top_k, n_group, topk_group, renormalize, scaling

@@ -107,8 +107,8 @@ def _launch_rms_norm(
     # Small rows (QK-norm over head_dim) are packed several to a program; about 4K elements each.
     block_r = max(1, min(64, 4096 // block_n))
     tile = block_r * block_n
-    # The fused add on rows of 4096+ takes 16 warps: 66.7 vs 67.4 us at 8192 x 4096; plain RMSNorm
-    # keeps 8 (34.8 vs 38.4 us with 16). H200, session 5.
+    # The fused add on rows of 4096+ takes 16 warps: 66.7-67.0 vs 67.4-67.6 us at 8192 x 4096; plain
+    # RMSNorm keeps 8 (34.7-35.0 vs 38.4 us with 16). bench_kernels.py runs on H200s, session 5.
     num_warps = 16 if residual is not None and block_n >= 4096 else 8 if tile >= 4096 else 4
     grid = (triton.cdiv(num_rows, block_r),)
     if num_rows > 0:
