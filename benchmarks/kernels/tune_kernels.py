@@ -7,7 +7,8 @@
   the BLOCK_M whose two best GEMMs sum lowest wins.
 * attention (Qwen3-8B and Qwen3-30B-A3B heads): prefill (varlen, 16 x 1024 tokens) and extend
   (paged: 4 chunked-prefill extends of 512 new tokens over 2048 cached), every
-  candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages.
+  candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages. Only the prefill picks go into the table;
+  the extend picks are reported (see atom_kernels/tuned/README.md for why).
 
 Every timing is a CUDA-graph replay (median of a few). Candidates compile first, in ``--jobs``
 processes, into the shared Triton cache. Then the whole ops run with the new tables, next to the
@@ -378,9 +379,13 @@ def tune_attention(report: dict) -> dict:
                 if (us := try_us(shape.ours(c))) is not None
             ]
             us, config = min(timed, key=lambda p: p[0])
-            key = attention_shape_key(kind == "extend", dim, 0, heads // kv, BF16)
-            table[key] = {"0": config}
             print(f"attention {model} {kind}: {config} {us:.1f} us")
+            if kind == "extend":
+                # Reported, not written: tiles picked on long extends alone slow down launches that
+                # hold short queries (atom_kernels/tuned/README.md), so extend keeps the built-in ones.
+                report.setdefault("extend_picks", []).append({"model": model, "us": us, **config})
+                continue
+            table[attention_shape_key(False, dim, 0, heads // kv, BF16)] = {"0": config}
     return table
 
 
