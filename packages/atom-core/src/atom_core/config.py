@@ -62,6 +62,13 @@ class Config:
     plugin_config: PluginConfig | None = None
 
     @property
+    def rope_positions(self) -> int:
+        """Positions the rotary tables cover: every position the host may send. That is
+        ``max_model_len``, which hosts set past ``max_position_embeddings`` for YaRN and on a
+        long-context override, and never less than ``max_position_embeddings``."""
+        return max(self.hf_config.max_position_embeddings, self.max_model_len or 0)
+
+    @property
     def is_plugin_mode(self) -> bool:
         return self.plugin_config is not None and self.plugin_config.is_plugin_mode
 

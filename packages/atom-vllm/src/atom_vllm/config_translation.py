@@ -24,6 +24,28 @@ from __future__ import annotations
 from typing import Any
 
 from atom_core.config import CompilationConfig, CompilationLevel, Config, PluginConfig
+from atom_core.hosting.takeover import HostedModel, TakeoverDecision, decide_takeover
+
+
+def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
+    """What vLLM asks of the model, for the takeover decision (atom_core.hosting.takeover)."""
+    model_config = vllm_config.model_config
+    architectures = getattr(model_config, "architectures", None) or [""]
+    return HostedModel(
+        host="vLLM",
+        architecture=architectures[0],
+        hf_config=model_config.hf_config,
+        dtype=model_config.dtype,
+        quantization=model_config.quantization,
+        lora=vllm_config.lora_config is not None,
+        pipeline_parallel_size=vllm_config.parallel_config.pipeline_parallel_size,
+        kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        generates=model_config.runner_type == "generate" and model_config.convert_type == "none",
+    )
+
+
+def takeover_decision(vllm_config: Any) -> TakeoverDecision:
+    return decide_takeover(hosted_model_from_vllm(vllm_config))
 
 
 def atom_config_from_vllm(vllm_config: Any, use_atom_attention: bool = True) -> Config:

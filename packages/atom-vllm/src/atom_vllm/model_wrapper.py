@@ -1,6 +1,11 @@
 """vLLM model classes that serve every ATOM architecture: vLLM's model contract on the outside,
 an atom-core model inside. ``ATOMForCausalLM`` (dense) and ``ATOMMoEForCausalLM`` (MoE) differ only
-in name, so logs and `vllm` model inspection tell them apart."""
+in name, so logs and `vllm` model inspection tell them apart.
+
+Constructing one first decides whether ATOM serves this configuration at all
+(atom_core.hosting.takeover); where it does not, the constructor returns vLLM's own model instead,
+built as vLLM would have built it, and vLLM's attention serves it too (atom_vllm.platform).
+"""
 
 from __future__ import annotations
 
@@ -9,33 +14,48 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-import atom_kernels
-from atom_core.config import set_current_atom_config
-from atom_core.log import logger
-from atom_core.models import get_model_class
+from atom_core.hosting.build import build_atom_model
+from atom_core.hosting.takeover import report_hand_back
 from atom_vllm import envs
-from atom_vllm.config_translation import atom_config_from_vllm
+from atom_vllm.config_translation import atom_config_from_vllm, takeover_decision
 from atom_vllm.host_hooks import install_vllm_hooks
 
-_backends_logged = False
+
+def build_host_model(vllm_config, prefix: str) -> nn.Module:
+    """vLLM's own model for this configuration, as vLLM's loader builds it: its class for the
+    architecture, converted for a pooling runner the way vLLM converts it."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.model_executor.models.adapters import as_embedding_model, as_seq_cls_model
+
+    from atom_vllm.registry_entry import host_model_class
+
+    model_config = vllm_config.model_config
+    model_class = host_model_class(ModelRegistry, model_config.architectures[0])
+    convert = {"none": lambda cls: cls, "embed": as_embedding_model, "classify": as_seq_cls_model}
+    model_class = convert[model_config.convert_type](model_class)
+    return initialize_model(vllm_config, prefix=prefix, model_class=model_class)
 
 
 class ATOMModelBase(nn.Module):
+    def __new__(cls, *, vllm_config, prefix: str = ""):
+        decision = takeover_decision(vllm_config)
+        if decision.atom_serves:
+            return super().__new__(cls)
+        report_hand_back(decision)
+        # Not an instance of cls, so Python skips __init__: vLLM gets its own model.
+        return build_host_model(vllm_config, prefix)
+
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
-        global _backends_logged
-        self.atom_config = atom_config_from_vllm(
-            vllm_config, use_atom_attention=not envs.attention_disabled()
-        )
-        set_current_atom_config(self.atom_config)
         install_vllm_hooks(vllm_config)
-        architecture = vllm_config.model_config.architectures[0]
-        model_cls = get_model_class(architecture)
-        logger.info("Use ATOM model %s.%s for %s", model_cls.__module__, model_cls.__name__, architecture)
-        if not _backends_logged:
-            logger.info(atom_kernels.backend_report_line())
-            _backends_logged = True
-        self.model = model_cls(self.atom_config, prefix=prefix)
+        self.model = build_atom_model(
+            atom_config_from_vllm(vllm_config, use_atom_attention=not envs.attention_disabled()),
+            vllm_config.model_config.architectures[0],
+            "vLLM",
+            prefix,
+        )
+        self.atom_config = self.model.config
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -43,8 +63,6 @@ class ATOMModelBase(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None,
                 **kwargs) -> torch.Tensor:
-        if intermediate_tensors is not None:
-            raise NotImplementedError("ATOM models do not support pipeline parallelism yet")
         return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

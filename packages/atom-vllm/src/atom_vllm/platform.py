@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING
 from vllm.platforms import builtin_platform_plugins
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
+from atom_core.hosting.takeover import enforce_strict
 from atom_core.log import logger
+from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_vllm import envs
+from atom_vllm.config_translation import takeover_decision
 from atom_vllm.register import MHA_BACKEND, MLA_BACKEND
 
 if TYPE_CHECKING:
@@ -36,8 +39,18 @@ def detect_builtin_platform_qualname() -> str:
 _Base = resolve_obj_by_qualname(detect_builtin_platform_qualname())
 
 
+def atom_serves_current_model() -> bool:
+    """Whether ATOM's own model serves the model being built: an architecture ATOM implements, in
+    a configuration ATOM supports (atom_core.hosting.takeover). A model ATOM hands back, or never
+    took, runs on vLLM's attention as well."""
+    from vllm.config import get_current_vllm_config
+
+    return takeover_decision(get_current_vllm_config()).atom_serves
+
+
 def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
-    """Whether ATOM's MHA backend covers what this layer asks for (else vLLM's backend runs)."""
+    """Whether ATOM's MHA backend serves this layer: what it asks for is covered, in a model ATOM
+    serves (else vLLM's backend runs)."""
     from vllm.v1.attention.backend import AttentionType
 
     return (
@@ -48,21 +61,13 @@ def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
         and not config.use_per_head_quant_scales
         and config.attn_type == AttentionType.DECODER
         and config.kv_cache_dtype in (None, "auto")
+        and atom_serves_current_model()
     )
 
 
-def atom_serves_model(model_config) -> bool:
-    """Whether ATOM's own model class serves this model (its architecture is one ATOM implements)."""
-    from atom_core.models import SUPPORTED_ARCHITECTURES
-
-    architectures = getattr(model_config, "architectures", None) or []
-    return bool(architectures) and architectures[0] in SUPPORTED_ARCHITECTURES
-
-
 def atom_mla_supports(config: AttentionSelectorConfig) -> bool:
-    """Whether ATOM's MLA backend serves this layer: dense MLA in a model ATOM implements. (The MLA
-    layers of models ATOM does not implement are vLLM's own and need vLLM's MLA backends.)"""
-    from vllm.config import get_current_vllm_config
+    """Whether ATOM's MLA backend serves this layer: dense MLA in a model ATOM serves. (The MLA
+    layers of the models vLLM serves itself are vLLM's own and need vLLM's MLA backends.)"""
     from vllm.v1.attention.backend import AttentionType
 
     return (
@@ -70,7 +75,7 @@ def atom_mla_supports(config: AttentionSelectorConfig) -> bool:
         and not config.use_sparse
         and config.attn_type == AttentionType.DECODER
         and config.kv_cache_dtype in (None, "auto")
-        and atom_serves_model(get_current_vllm_config().model_config)
+        and atom_serves_current_model()
     )
 
 
@@ -100,16 +105,19 @@ class ATOMPlatform(_Base):
         model_config = vllm_config.model_config
         if model_config is None:
             return
-        if model_config.use_mla and atom_serves_model(model_config) and not envs.attention_disabled():
+        decision = takeover_decision(vllm_config)
+        if decision.architecture in SUPPORTED_ARCHITECTURES:
+            # Refused here, at start-up, rather than when the workers build the model.
+            enforce_strict(decision)
+        if model_config.use_mla and decision.atom_serves and not envs.attention_disabled():
             # vLLM 0.26's CPU platform turns chunked prefill off for every MLA model, because none of
             # its CPU backends runs MLA; ATOM's MLA backend does, chunked prefill included. Undo it
             # (catalogued in patches.md; delete once vLLM leaves the choice to the attention backend).
             if (scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens) != requested:
                 logger.info("ATOM's MLA backend serves this model: keeping chunked prefill as configured")
                 scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens = requested
-        architectures = getattr(model_config, "architectures", None) or []
-        if architectures and not atom_serves_model(model_config):
+        if decision.architecture and decision.architecture not in SUPPORTED_ARCHITECTURES:
             logger.info(
                 "Architecture %s is not implemented by ATOM; vLLM's own model serves it",
-                architectures[0],
+                decision.architecture,
             )

@@ -39,10 +39,11 @@ def register_model() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     from atom_core.models import SUPPORTED_ARCHITECTURES
+    from atom_vllm.registry_entry import register_atom_model
 
     for architecture, entry in SUPPORTED_ARCHITECTURES.items():
         wrapper = MOE_WRAPPER if entry.is_moe else DENSE_WRAPPER
-        ModelRegistry.register_model(architecture, wrapper)
+        register_atom_model(ModelRegistry, architecture, wrapper)
         logger.info("Register model %s to vLLM with %s", architecture, wrapper)
     # ATOM's backend names itself CUSTOM (vLLM's slot for out-of-tree attention backends).
     register_backend(AttentionBackendEnum.CUSTOM, MHA_BACKEND)

@@ -17,6 +17,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.shard_size = -(-vocab_size // self.tp.world_size)
         self.vocab_start = self.tp.rank * self.shard_size
+        self.rows_held = max(0, min(self.shard_size, vocab_size - self.vocab_start))
         self.weight = make_param((self.shard_size, hidden_size), self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -27,13 +28,14 @@ class VocabParallelEmbedding(nn.Module):
         copy_checked(param.data[: rows.shape[0]], rows)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.tp.world_size == 1:
-            return F.embedding(input_ids, self.weight)
+        """Embeddings of ``input_ids``; an id past the vocabulary (which the hosts' validation lets
+        through when the tokenizer is larger than the config's ``vocab_size``) reads zeros, as the
+        zero padding rows of the hosts' own embeddings do, instead of indexing out of bounds."""
         local = input_ids - self.vocab_start
-        outside = (local < 0) | (local >= self.shard_size)
+        outside = (local < 0) | (local >= self.rows_held)
         y = F.embedding(local.masked_fill(outside, 0), self.weight)
         y = y.masked_fill(outside.unsqueeze(-1), 0)
-        return self.tp.all_reduce(y)
+        return y if self.tp.world_size == 1 else self.tp.all_reduce(y)
 
 
 class ParallelLMHead(VocabParallelEmbedding):

@@ -33,6 +33,11 @@ def hf_rope_parameters(hf_config: Any) -> dict[str, Any]:
     return params
 
 
+# The rope types whose tables ATOM builds; configs with any other (dynamic, longrope, ...) are served
+# by the host (atom_core.hosting.takeover).
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
 def yarn_attention_factor(rope: dict[str, Any]) -> float:
     """The cos/sin magnitude of YaRN as HF computes it: ``attention_factor`` if the config sets
     one, else from ``mscale`` / ``mscale_all_dim`` (DeepSeek) or from ``factor`` alone."""
@@ -65,6 +70,8 @@ def build_cos_sin_cache(rotary_dim: int, max_position: int, rope: dict[str, Any]
             rope["high_freq_factor"],
             rope["original_max_position_embeddings"],
         )
+    elif rope_type == "linear":
+        inv_freq = inv_freq / rope["factor"]
     elif rope_type != "default":
         raise NotImplementedError(f"rope_type {rope_type!r} is not supported yet")
     return rope_ops.compute_cos_sin_cache(inv_freq, max_position)

@@ -8,7 +8,7 @@ loading live here once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -58,17 +58,18 @@ def mtp_layer_patterns(hf: Any) -> list[str]:
     return [rf"model\.layers\.{i}\..*" for i in range(first, first + num_mtp_layers)]
 
 
-def hf_self_attention(hf: Any, layer_id: int, prefix: str, **family_args: Any) -> DecoderSelfAttention:
+def hf_self_attention(config: Config, layer_id: int, prefix: str, **family_args: Any) -> DecoderSelfAttention:
     """Self-attention of layer ``layer_id`` from the HF config fields every family shares (heads,
     head_dim, rope incl. partial rotary, sliding window); the family's own differences (bias,
     QK-norm, sinks) come as ``family_args``."""
+    hf = config.hf_config
     return DecoderSelfAttention(
         hidden_size=hf.hidden_size,
         num_heads=hf.num_attention_heads,
         num_kv_heads=hf.num_key_value_heads,
         head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
         rope=hf_rope_parameters(hf),
-        max_position=hf.max_position_embeddings,
+        max_position=config.rope_positions,
         layer_id=layer_id,
         prefix=f"{prefix}.self_attn",
         sliding_window=layer_sliding_window(hf, layer_id),
@@ -121,7 +122,12 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Base of every ATOM causal LM: ``forward`` returns hidden states, ``compute_logits`` logits."""
+    """Base of every ATOM causal LM: ``forward`` returns hidden states, ``compute_logits`` logits.
+
+    ``hf_defaults``: HF's defaults (transformers 5.23) of the optional config keys the family
+    reads, for configs and transformers releases that lack them (atom_core.hosting.hf_config)."""
+
+    hf_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: Config, make_layer: Callable[[int, str], nn.Module],
                  weight_map: WeightMap, prefix: str = ""):

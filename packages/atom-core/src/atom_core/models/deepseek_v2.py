@@ -37,7 +37,9 @@ STACKED_GATE_UP = [
 ]
 
 
-def deepseek_attention(hf: Any, layer_id: int, prefix: str, rope_is_neox: bool) -> MultiHeadLatentAttention:
+def deepseek_attention(config: Config, layer_id: int, prefix: str,
+                       rope_is_neox: bool) -> MultiHeadLatentAttention:
+    hf = config.hf_config
     return MultiHeadLatentAttention(
         hidden_size=hf.hidden_size,
         num_heads=hf.num_attention_heads,
@@ -47,23 +49,23 @@ def deepseek_attention(hf: Any, layer_id: int, prefix: str, rope_is_neox: bool) 
         q_lora_rank=hf.q_lora_rank,
         kv_lora_rank=hf.kv_lora_rank,
         rope=hf_rope_parameters(hf),
-        max_position=hf.max_position_embeddings,
+        max_position=config.rope_positions,
         layer_id=layer_id,
         prefix=f"{prefix}.self_attn",
         rope_is_neox=rope_is_neox,
-        bias=getattr(hf, "attention_bias", False),
+        bias=hf.attention_bias,
     )
 
 
 def deepseek_mlp(hf: Any, layer_id: int, prefix: str, router_args: dict[str, Any]) -> nn.Module:
-    mlp_bias = getattr(hf, "mlp_bias", False)
+    mlp_bias = getattr(hf, "mlp_bias", False)  # DeepSeek-V3's config class has no such key
     is_sparse = layer_id >= hf.first_k_dense_replace and layer_id % getattr(hf, "moe_layer_freq", 1) == 0
     if not is_sparse:
         return GatedMLP(hf.hidden_size, hf.intermediate_size, prefix, bias=mlp_bias)
     shared = None
     if hf.n_shared_experts:
         shared = GatedMLP(hf.hidden_size, hf.moe_intermediate_size * hf.n_shared_experts,
-                          f"{prefix}.shared_experts", bias=mlp_bias)  # fmt: skip
+                          f"{prefix}.shared_experts", bias=mlp_bias)
     return SparseMoeBlock(
         TopKRouter(
             hf.hidden_size, hf.n_routed_experts, hf.num_experts_per_tok, renormalize=hf.norm_topk_prob,
@@ -74,10 +76,12 @@ def deepseek_mlp(hf: Any, layer_id: int, prefix: str, router_args: dict[str, Any
     )
 
 
-def deepseek_make_layer(hf: Any, router_args: dict[str, Any], rope_is_neox: bool):
+def deepseek_make_layer(config: Config, router_args: dict[str, Any], rope_is_neox: bool):
+    hf = config.hf_config
+
     def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
         return DecoderLayer(
-            deepseek_attention(hf, layer_id, layer_prefix, rope_is_neox),
+            deepseek_attention(config, layer_id, layer_prefix, rope_is_neox),
             deepseek_mlp(hf, layer_id, f"{layer_prefix}.mlp", router_args),
             hf.hidden_size,
             hf.rms_norm_eps,
@@ -97,25 +101,36 @@ def deepseek_weight_map(hf: Any) -> WeightMap:
 
 
 class DeepseekV2ForCausalLM(CausalLM):
+    hf_defaults = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
+                   "mlp_bias": False, "norm_topk_prob": False, "n_shared_experts": 2, "n_group": None,
+                   "topk_group": None, "routed_scaling_factor": 1.0, "first_k_dense_replace": 0,
+                   "q_lora_rank": 1536, "topk_method": "greedy"}
+
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
         scoring = getattr(hf, "scoring_func", None) or "softmax"
-        grouped = getattr(hf, "topk_method", "greedy") == "group_limited_greedy"
+        grouped = hf.topk_method == "group_limited_greedy"
         router_args = dict(
             scoring=scoring,
             num_expert_group=hf.n_group if grouped else 1,
             topk_group=hf.topk_group if grouped else 1,
         )
-        super().__init__(config, deepseek_make_layer(hf, router_args, rope_is_neox=False),
-                         deepseek_weight_map(hf), prefix)  # fmt: skip
+        super().__init__(config, deepseek_make_layer(config, router_args, rope_is_neox=False),
+                         deepseek_weight_map(hf), prefix)
 
 
 class DeepseekV3ForCausalLM(CausalLM):
+    hf_defaults = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
+                   "num_experts_per_tok": 8, "norm_topk_prob": True, "n_shared_experts": 1,
+                   "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+                   "first_k_dense_replace": 3, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+                   "rope_interleave": True}
+
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
         router_args = dict(
             scoring="sigmoid", num_expert_group=hf.n_group, topk_group=hf.topk_group, correction_bias=True
         )
-        rope_is_neox = not getattr(hf, "rope_interleave", True)
-        super().__init__(config, deepseek_make_layer(hf, router_args, rope_is_neox),
-                         deepseek_weight_map(hf), prefix)  # fmt: skip
+        rope_is_neox = not hf.rope_interleave
+        super().__init__(config, deepseek_make_layer(config, router_args, rope_is_neox),
+                         deepseek_weight_map(hf), prefix)

@@ -46,12 +46,17 @@ def glm4_moe_mlp(hf: Any, layer_id: int, prefix: str) -> nn.Module:
 
 
 class Glm4MoeForCausalLM(CausalLM):
+    hf_defaults = {"rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_bias": False,
+                   "num_experts_per_tok": 8, "norm_topk_prob": True, "n_shared_experts": 1,
+                   "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
+                   "first_k_dense_replace": 1, "use_qk_norm": False, "num_nextn_predict_layers": 1}
+
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
 
         def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
             attention = hf_self_attention(
-                hf, layer_id, layer_prefix, qkv_bias=hf.attention_bias,
+                config, layer_id, layer_prefix, qkv_bias=hf.attention_bias,
                 qk_norm_eps=hf.rms_norm_eps if hf.use_qk_norm else None,
             )
             return DecoderLayer(attention, glm4_moe_mlp(hf, layer_id, f"{layer_prefix}.mlp"),

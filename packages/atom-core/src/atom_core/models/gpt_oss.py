@@ -25,12 +25,16 @@ GPT_OSS_RENAMED = {
 
 
 class GptOssForCausalLM(CausalLM):
+    hf_defaults = {"rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_bias": True,
+                   "sliding_window": 128, "num_experts_per_tok": 4, "swiglu_alpha": 1.702,
+                   "swiglu_limit": 7.0}
+
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
 
         def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
             attention = hf_self_attention(
-                hf, layer_id, layer_prefix, qkv_bias=hf.attention_bias, o_bias=hf.attention_bias,
+                config, layer_id, layer_prefix, qkv_bias=hf.attention_bias, o_bias=hf.attention_bias,
                 sinks=True,
             )
             mlp_prefix = f"{layer_prefix}.mlp"

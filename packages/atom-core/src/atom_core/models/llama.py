@@ -10,16 +10,18 @@ from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer
 
 
 class LlamaForCausalLM(CausalLM):
+    hf_defaults = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
+                   "mlp_bias": False}
+
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
-        attention_bias = getattr(hf, "attention_bias", False)
 
         def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
             return DecoderLayer(
-                hf_self_attention(hf, layer_id, layer_prefix,
-                                  qkv_bias=attention_bias, o_bias=attention_bias),
+                hf_self_attention(config, layer_id, layer_prefix,
+                                  qkv_bias=hf.attention_bias, o_bias=hf.attention_bias),
                 GatedMLP(hf.hidden_size, hf.intermediate_size, f"{layer_prefix}.mlp",
-                         bias=getattr(hf, "mlp_bias", False)),
+                         bias=hf.mlp_bias),
                 hf.hidden_size,
                 hf.rms_norm_eps,
             )

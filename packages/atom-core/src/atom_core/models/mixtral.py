@@ -11,6 +11,9 @@ from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer
 
 
 class MixtralForCausalLM(CausalLM):
+    hf_defaults = {"rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": None,
+                   "num_experts_per_tok": 2}
+
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
 
@@ -22,7 +25,7 @@ class MixtralForCausalLM(CausalLM):
                 FusedMoE(hf.num_local_experts, hf.hidden_size, hf.intermediate_size,
                          prefix=f"{mlp_prefix}.experts"),
             )
-            return DecoderLayer(hf_self_attention(hf, layer_id, layer_prefix), moe,
+            return DecoderLayer(hf_self_attention(config, layer_id, layer_prefix), moe,
                                 hf.hidden_size, hf.rms_norm_eps)
 
         weight_map = WeightMap(

@@ -1,0 +1,157 @@
+"""Whether ATOM serves a model instance, decided once from the configuration, before any weight
+loads.
+
+ATOM serves an architecture only when it supports the whole configuration the host asks for; for
+anything else the host's own model class and attention serve, and one INFO line says why:
+
+    INFO atom: ATOM hands Qwen3ForCausalLM back to vLLM: quantization 'awq' is not supported
+
+``ATOM_STRICT_TAKEOVER=1`` turns a hand-back into a start-up error naming the same reasons.
+
+The reasons, in the order they are checked (each one is a function below):
+
+| reason | why ATOM cannot serve it today |
+|---|---|
+| architecture | ATOM has no implementation of it |
+| task | the host runs the model as an embedding / pooling model, ATOM serves generation |
+| quantization | any quantization method, from the checkpoint or requested (``quantization="fp8"``) |
+| LoRA | ATOM's layers take no adapters |
+| pipeline parallelism | ATOM's models run whole on every rank |
+| KV-cache dtype | ATOM's attention keeps the cache in the model dtype |
+| dtype | ATOM's kernels run float32, bfloat16 and float16 |
+| rope type | ATOM builds default, linear, llama3 and yarn rotary tables |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from atom_core import envs
+from atom_core.layers.rotary import SUPPORTED_ROPE_TYPES, hf_rope_parameters
+from atom_core.log import logger
+from atom_core.models import SUPPORTED_ARCHITECTURES
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# KV-cache dtype names the hosts use for "the model's dtype" (vLLM: auto / bfloat16 / float16 /
+# float32; SGLang: auto / bf16 / fp16 / fp32).
+_KV_CACHE_DTYPE_NAMES = {
+    torch.bfloat16: ("bfloat16", "bf16"),
+    torch.float16: ("float16", "fp16", "half"),
+    torch.float32: ("float32", "fp32", "float"),
+}
+
+
+@dataclass(frozen=True)
+class HostedModel:
+    """What a host asks of one model instance, in host-agnostic terms: everything the takeover
+    decision reads. The glues build it from the host's own config objects."""
+
+    host: str  # "vLLM" or "SGLang", for the log line
+    architecture: str
+    hf_config: Any
+    dtype: torch.dtype
+    quantization: str | None = None  # the method the host resolved: checkpoint or requested
+    lora: bool = False
+    pipeline_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    generates: bool = True  # False: the host runs it as an embedding / pooling model
+
+
+def _architecture(model: HostedModel) -> str | None:
+    if model.architecture not in SUPPORTED_ARCHITECTURES:
+        return f"ATOM has no implementation of {model.architecture}"
+    return None
+
+
+def _task(model: HostedModel) -> str | None:
+    return None if model.generates else "ATOM serves text generation, not embedding or pooling"
+
+
+def _quantization(model: HostedModel) -> str | None:
+    if model.quantization is None:
+        return None
+    return f"quantization {model.quantization!r} is not supported"
+
+
+def _lora(model: HostedModel) -> str | None:
+    return "LoRA is not supported" if model.lora else None
+
+
+def _pipeline_parallel(model: HostedModel) -> str | None:
+    if model.pipeline_parallel_size <= 1:
+        return None
+    return f"pipeline parallelism (size {model.pipeline_parallel_size}) is not supported"
+
+
+def _kv_cache_dtype(model: HostedModel) -> str | None:
+    if model.kv_cache_dtype in ("auto", *_KV_CACHE_DTYPE_NAMES.get(model.dtype, ())):
+        return None
+    return f"KV-cache dtype {model.kv_cache_dtype!r} is not supported"
+
+
+def _dtype(model: HostedModel) -> str | None:
+    if model.dtype in SUPPORTED_DTYPES:
+        return None
+    return f"dtype {model.dtype} is not supported"
+
+
+def _rope(model: HostedModel) -> str | None:
+    rope_type = hf_rope_parameters(model.hf_config)["rope_type"]
+    if rope_type in SUPPORTED_ROPE_TYPES:
+        return None
+    return f"rope type {rope_type!r} is not supported"
+
+
+# The architecture comes first: the others read config keys only the supported families have.
+_CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
+    _architecture, _task, _quantization, _lora, _pipeline_parallel, _kv_cache_dtype, _dtype, _rope,
+)
+
+
+@dataclass(frozen=True)
+class TakeoverDecision:
+    host: str
+    architecture: str
+    reasons: tuple[str, ...]
+
+    @property
+    def atom_serves(self) -> bool:
+        return not self.reasons
+
+    def hand_back_line(self) -> str:
+        return f"ATOM hands {self.architecture} back to {self.host}: {'; '.join(self.reasons)}"
+
+
+class TakeoverRefused(RuntimeError):
+    """ATOM_STRICT_TAKEOVER=1 and ATOM would have handed the model back."""
+
+
+def decide_takeover(model: HostedModel) -> TakeoverDecision:
+    reasons = []
+    for check in _CHECKS:
+        reason = check(model)
+        if reason is not None:
+            reasons.append(reason)
+            if check is _architecture:
+                break
+    return TakeoverDecision(model.host, model.architecture, tuple(reasons))
+
+
+def enforce_strict(decision: TakeoverDecision) -> None:
+    """Raise :class:`TakeoverRefused` for a hand-back under ATOM_STRICT_TAKEOVER=1."""
+    if not decision.atom_serves and envs.strict_takeover():
+        raise TakeoverRefused(
+            f"{decision.hand_back_line()}. ATOM_STRICT_TAKEOVER=1 forbids handing back: unset it to "
+            f"let {decision.host} serve the model itself"
+        )
+
+
+def report_hand_back(decision: TakeoverDecision) -> None:
+    """For a model the host serves itself: the one INFO line saying why (or the strict error)."""
+    enforce_strict(decision)
+    logger.info(decision.hand_back_line())
