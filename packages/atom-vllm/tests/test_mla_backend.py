@@ -1,10 +1,10 @@
 """ATOM's MLA backend for vLLM, without running the engine: metadata of mixed batches, CUDA-graph
 capture metadata, the cache layout, and which backend ATOMPlatform picks for MLA layers."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
+from vllm.config import set_current_vllm_config
+from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
@@ -95,15 +95,24 @@ def mla_selector(**overrides) -> AttentionSelectorConfig:
 
 
 @pytest.fixture
-def serving(monkeypatch):
-    """serving(architecture): make the current vLLM config one whose model has ``architecture``."""
+def serving(monkeypatch, tiny_model_dir):
+    """serving(architecture): make the current vLLM config that of a tiny DeepSeek checkpoint whose
+    model reports ``architecture`` (for one ATOM does not implement, DeepSeek V3's with the name
+    swapped: the platform reads the name only)."""
     monkeypatch.delenv("ATOM_DISABLE_VLLM_PLUGIN_ATTENTION", raising=False)
+    contexts = []
 
     def set_architecture(architecture: str) -> None:
-        config = SimpleNamespace(model_config=SimpleNamespace(architectures=[architecture]))
-        monkeypatch.setattr("vllm.config.get_current_vllm_config", lambda: config)
+        built = architecture if architecture.startswith("Deepseek") else "DeepseekV3ForCausalLM"
+        args = EngineArgs(model=tiny_model_dir(built), dtype="float32", max_model_len=256)
+        vllm_config = args.create_engine_config()
+        vllm_config.model_config.model_arch_config.architectures = [architecture]
+        contexts.append(set_current_vllm_config(vllm_config))
+        contexts[-1].__enter__()
 
-    return set_architecture
+    yield set_architecture
+    for context in reversed(contexts):
+        context.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("architecture", ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"])

@@ -4,7 +4,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from atom_vllm import register
+from atom_vllm import model_wrapper, register
 from atom_vllm.version import VllmVersionError, check_vllm_version, installed_vllm_version
 
 
@@ -60,8 +60,11 @@ def test_register_model_is_idempotent_and_overrides_supported_architectures(monk
     register.register_model()
     register.register_model()
     for architecture, entry in SUPPORTED_ARCHITECTURES.items():
-        lazy = ModelRegistry.models[architecture]
+        registered = ModelRegistry.models[architecture]
         wrapper = "ATOMMoEForCausalLM" if entry.is_moe else "ATOMForCausalLM"
-        assert (lazy.module_name, lazy.class_name) == ("atom_vllm.model_wrapper", wrapper)
+        assert registered.load_model_cls() is getattr(model_wrapper, wrapper)
+        # vLLM's own entry stays underneath: it serves what ATOM hands back.
+        assert registered.host_entry.module_name.startswith("vllm.model_executor.models.")
+        assert registered.inspect_model_cls() == registered.host_entry.inspect_model_cls()
     # Architectures ATOM does not implement stay vLLM's.
     assert ModelRegistry.models["Qwen2ForCausalLM"].module_name.startswith("vllm.")

@@ -22,8 +22,8 @@ from vllm import ModelRegistry
 load_general_plugins()
 platform = type(vllm.platforms.current_platform)
 print("PLATFORM", platform.__module__ + "." + platform.__name__)
-entry = ModelRegistry.models["Qwen3MoeForCausalLM"]
-print("QWEN3MOE", entry.module_name + ":" + entry.class_name)
+model_class = ModelRegistry.models["Qwen3MoeForCausalLM"].load_model_cls()
+print("QWEN3MOE", model_class.__module__ + ":" + model_class.__name__)
 import atom_vllm, atom_core
 print("FROM_SITE_PACKAGES", "site-packages" in atom_vllm.__file__ and "site-packages" in atom_core.__file__)
 """

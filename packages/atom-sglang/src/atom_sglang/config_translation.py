@@ -32,6 +32,29 @@ import copy
 from typing import Any
 
 from atom_core.config import CompilationConfig, Config, PluginConfig
+from atom_core.hosting.takeover import HostedModel, TakeoverDecision, decide_takeover
+
+
+def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel:
+    """What SGLang asks of the model, for the takeover decision (atom_core.hosting.takeover).
+    ``model_config.quantization`` is the method SGLang resolved: the checkpoint's, or the one
+    ``--quantization`` asked for."""
+    architectures = getattr(model_config.hf_config, "architectures", None) or [""]
+    return HostedModel(
+        host="SGLang",
+        architecture=architectures[0],
+        hf_config=model_config.hf_config,
+        dtype=model_config.dtype,
+        quantization=model_config.quantization,
+        lora=bool(server_args.enable_lora or server_args.lora_paths),
+        pipeline_parallel_size=server_args.pp_size,
+        kv_cache_dtype=server_args.kv_cache_dtype,
+        generates=not server_args.is_embedding,
+    )
+
+
+def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
+    return decide_takeover(hosted_model_from_sglang(server_args, model_config))
 
 
 PADDED_SIZES = (

@@ -1,6 +1,10 @@
 """SGLang model classes that serve every ATOM architecture: SGLang's model contract on the outside,
 an atom-core model inside.
 
+Constructing one first decides whether ATOM serves this configuration at all
+(atom_core.hosting.takeover); where it does not, the constructor returns SGLang's own model instead,
+and SGLang's attention serves it too (atom_sglang.patches).
+
 SGLang's registry keys a model class by its ``__name__``, which must be the HF architecture, so each
 architecture gets its own subclass of :class:`ATOMForCausalLM` (see :func:`entry_class`); they differ
 only in name.
@@ -13,45 +17,50 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-import atom_kernels
-from atom_core.config import set_current_atom_config
-from atom_core.log import logger
-from atom_core.models import get_model_class
-from atom_sglang.config_translation import atom_config_from_sglang
+from atom_core.hosting.build import build_atom_model
+from atom_core.hosting.takeover import report_hand_back
+from atom_sglang.config_translation import atom_config_from_sglang, takeover_decision
 from atom_sglang.host_hooks import bind_forward_batch, install_sglang_hooks
 
-_backends_logged = False
+
+def host_model_class(architecture: str) -> type[nn.Module]:
+    """SGLang's own model class for ``architecture`` (the one ATOM's package replaced in SGLang's
+    registry; SGLang's import of its package is cached, so this imports nothing new)."""
+    from sglang.srt.models.registry import import_model_classes
+
+    classes = import_model_classes("sglang.srt.models")
+    if architecture not in classes:
+        raise RuntimeError(f"SGLang has no model class of its own for {architecture} to hand it back to "
+                           "(is it in SGLANG_DISABLED_MODEL_ARCHS?)")
+    return classes[architecture]
 
 
 class ATOMForCausalLM(nn.Module):
+    def __new__(cls, config, quant_config=None, prefix: str = ""):
+        from sglang.srt.server_args import get_global_server_args
+
+        server_args = get_global_server_args()
+        decision = takeover_decision(server_args, server_args.get_model_config())
+        if decision.atom_serves:
+            return super().__new__(cls)
+        report_hand_back(decision)
+        # Not an instance of cls, so Python skips __init__: SGLang gets its own model.
+        return host_model_class(cls.__name__)(config=config, quant_config=quant_config, prefix=prefix)
+
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
         from sglang.srt.distributed import get_tensor_model_parallel_rank
         from sglang.srt.layers.logits_processor import LogitsProcessor
         from sglang.srt.server_args import get_global_server_args
 
-        global _backends_logged
-        architecture = type(self).__name__
-        if quant_config is not None:
-            raise NotImplementedError(
-                f"ATOM's {architecture} in SGLang does not take SGLang quantization configs "
-                f"({type(quant_config).__name__}) yet; set ATOM_DISABLE_SGLANG_PLUGIN=1 to serve "
-                "this checkpoint with SGLang's own model"
-            )
         server_args = get_global_server_args()
         self.config = config  # SGLang's model convention (its loader and LoRA read model.config)
-        self.atom_config = atom_config_from_sglang(
+        install_sglang_hooks()
+        atom_config = atom_config_from_sglang(
             server_args, server_args.get_model_config(), config, get_tensor_model_parallel_rank()
         )
-        set_current_atom_config(self.atom_config)
-        install_sglang_hooks()
-        model_cls = get_model_class(architecture)
-        logger.info("Use ATOM model %s.%s for %s in SGLang", model_cls.__module__, model_cls.__name__,
-                    architecture)
-        if not _backends_logged:
-            logger.info(atom_kernels.backend_report_line())
-            _backends_logged = True
-        self.model = model_cls(self.atom_config, prefix=prefix)
+        self.model = build_atom_model(atom_config, type(self).__name__, "SGLang", prefix)
+        self.atom_config = self.model.config
         self.logits_processor = LogitsProcessor(config)
 
     def get_input_embeddings(self) -> nn.Module:
@@ -69,10 +78,6 @@ class ATOMForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
                 input_embeds: torch.Tensor | None = None, get_embedding: bool = False,
                 pp_proxy_tensors=None):
-        if pp_proxy_tensors is not None:
-            raise NotImplementedError("ATOM models do not support pipeline parallelism yet")
-        if get_embedding:
-            raise NotImplementedError("ATOM models serve generation, not embeddings")
         with bind_forward_batch(forward_batch):
             hidden_states = self.model(input_ids, positions, input_embeds)
         return self.logits_processor(input_ids, hidden_states, self.model.lm_head, forward_batch)

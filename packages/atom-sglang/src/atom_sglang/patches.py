@@ -15,8 +15,8 @@ says why the hook exists and what SGLang change would let us delete it.
    with a hard-coded list of CPU backends; ``atom`` runs wherever Triton does and on the CPU engine.
    Remove when SGLang asks the device (or the backend object's ``support_triton()``) instead.
 
-Hooks only change behaviour when ATOM serves the model's architecture (or ``atom`` was chosen), so a
-process serving other models sees SGLang's own choices.
+Hooks only change behaviour when ATOM serves the model (or ``atom`` was chosen), so a process serving
+other models, or a configuration ATOM hands back, sees SGLang's own choices.
 """
 
 from __future__ import annotations
@@ -29,24 +29,28 @@ from atom_sglang import envs
 from atom_sglang.attention import BACKEND_NAME
 
 
-def atom_serves_attention(model_config: Any, use_mla_backend: bool) -> bool:
-    """Whether ATOM's attention backend should be this model's default: ATOM serves the
-    architecture, and SGLang gives it the plain MHA KV pool (not MLA's latent pool, not the hybrid
-    sliding-window pool of e.g. GPT-OSS) that the backend runs on."""
+def atom_serves_attention(server_args: Any, model_config: Any, use_mla_backend: bool) -> bool:
+    """Whether ATOM's attention backend should be this model's default: ATOM serves the model
+    (atom_core.hosting.takeover; a strict takeover refuses here, at start-up), and SGLang gives it
+    the plain MHA KV pool (not MLA's latent pool, not the hybrid sliding-window pool of e.g. GPT-OSS)
+    that the backend runs on."""
+    from atom_core.hosting.takeover import enforce_strict
     from atom_core.models import SUPPORTED_ARCHITECTURES
+    from atom_sglang.config_translation import takeover_decision
 
-    architectures = getattr(model_config.hf_config, "architectures", None) or []
+    decision = takeover_decision(server_args, model_config)
+    if decision.architecture in SUPPORTED_ARCHITECTURES:
+        enforce_strict(decision)
     return (
-        not envs.attention_disabled()
+        decision.atom_serves
+        and not envs.attention_disabled()
         and not use_mla_backend
         and not model_config.is_hybrid_swa
-        and bool(architectures)
-        and architectures[0] in SUPPORTED_ARCHITECTURES
     )
 
 
 def default_attention_backend(original, server_args, use_mla_backend: bool, model_config):
-    if atom_serves_attention(model_config, use_mla_backend):
+    if atom_serves_attention(server_args, model_config, use_mla_backend):
         return BACKEND_NAME
     return original(server_args, use_mla_backend, model_config)
 
@@ -55,7 +59,8 @@ def cpu_default_attention_backend(original, server_args) -> None:
     if (
         server_args.device == "cpu"
         and server_args.attention_backend is None
-        and atom_serves_attention(server_args.get_model_config(), server_args.use_mla_backend())
+        and atom_serves_attention(server_args, server_args.get_model_config(),
+                                  server_args.use_mla_backend())
     ):
         server_args.attention_backend = BACKEND_NAME
     original(server_args)
