@@ -9,3 +9,6 @@ sync_vllm_env
 .venv/bin/pytest -q packages/atom-core/tests packages/atom-vllm/tests "$@"
 sync_sglang_env
 .venv-sglang/bin/pytest -q packages/atom-sglang/tests "$@"
+# HF config reading once more on the SGLang environment's older transformers (its GptOssConfig has
+# no swiglu_alpha, as on common CUDA images).
+.venv-sglang/bin/pytest -q packages/atom-core/tests/test_takeover.py "$@"

@@ -5,9 +5,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from atom_core import Config
+from atom_core.hosting.build import build_atom_model
 from atom_core.layers.attention import standalone_batch
 from atom_core.loader import iter_safetensors
-from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
+from atom_core.models import SUPPORTED_ARCHITECTURES
 
 torch.set_default_dtype(torch.float32)
 
@@ -15,7 +16,7 @@ torch.set_default_dtype(torch.float32)
 def atom_model(model_dir: str):
     hf_config = AutoConfig.from_pretrained(model_dir)
     config = Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32)
-    model = get_model_class(hf_config.architectures[0])(config)
+    model = build_atom_model(config, hf_config.architectures[0], "this test")
     model.load_weights(iter_safetensors(model_dir))
     return model.eval()
 

@@ -1,0 +1,164 @@
+"""The takeover decision (atom_core.hosting.takeover) on published HF configs, read by the installed
+transformers, and HF's defaults for the keys published configs omit (atom_core.hosting.hf_config).
+
+Also run under the SGLang environment's older transformers (ci/test.sh), where GptOssConfig has
+no ``swiglu_alpha`` at all: the case the defaults exist for.
+"""
+
+import dataclasses
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from atom_core.hosting.hf_config import complete_hf_config
+from atom_core.hosting.takeover import (
+    HostedModel,
+    TakeoverRefused,
+    decide_takeover,
+    enforce_strict,
+    report_hand_back,
+)
+from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
+from test_hf_parity import assert_logits_match_hf
+
+PUBLISHED = Path(__file__).parent / "data" / "published_configs"
+
+# What each published checkpoint gets, served as its Hub repository ships it.
+EXPECTED_REASONS = {
+    "qwen3-8b": (),
+    "qwen3-30b-a3b": (),
+    "llama-3.1-8b-instruct": (),  # llama3 rope
+    "mixtral-8x7b-instruct-v0.1": (),
+    "deepseek-v2-lite": (),  # yarn rope
+    "gpt-oss-20b": ("quantization 'mxfp4' is not supported",),
+    "deepseek-v3": ("quantization 'fp8' is not supported",),
+}
+
+
+def published_config(name: str, tmp_path: Path):
+    """The published config.json as the installed transformers reads it from a checkpoint dir."""
+    shutil.copy(PUBLISHED / f"{name}.json", tmp_path / "config.json")
+    return AutoConfig.from_pretrained(tmp_path)
+
+
+def hosted(hf_config, **fields) -> HostedModel:
+    """What a host asks for a checkpoint served as shipped: its architecture, bf16, and the
+    quantization method its config declares."""
+    quantization = (getattr(hf_config, "quantization_config", None) or {}).get("quant_method")
+    settings = dict(host="vLLM", architecture=hf_config.architectures[0], hf_config=hf_config,
+                    dtype=torch.bfloat16, quantization=quantization)
+    return HostedModel(**{**settings, **fields})
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_REASONS))
+def test_published_checkpoints(name, tmp_path):
+    decision = decide_takeover(hosted(published_config(name, tmp_path)))
+    assert decision.reasons == EXPECTED_REASONS[name]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_REASONS))
+def test_published_configs_complete_to_what_the_model_reads(name, tmp_path):
+    """Every optional key an ATOM family reads is present after completion, whichever
+    transformers read the config; the host's config object is left as it was."""
+    hf_config = published_config(name, tmp_path)
+    before = hf_config.to_dict()
+    defaults = get_model_class(hf_config.architectures[0]).hf_defaults
+    completed = complete_hf_config(hf_config, defaults)
+    assert all(hasattr(completed, key) for key in defaults)
+    assert completed.num_key_value_heads is not None
+    assert hf_config.to_dict() == before
+
+
+def test_gpt_oss_without_swiglu_alpha_gets_hf_default(tmp_path):
+    hf_config = published_config("gpt-oss-20b", tmp_path)
+    completed = complete_hf_config(hf_config, get_model_class("GptOssForCausalLM").hf_defaults)
+    assert completed.swiglu_alpha == 1.702
+    assert completed.swiglu_limit == 7.0  # the published value
+
+
+FAMILY_MODEL_TYPES = {arch: model_type for model_type, arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
+                      if arch in SUPPORTED_ARCHITECTURES}
+
+
+@pytest.mark.parametrize("architecture", sorted(FAMILY_MODEL_TYPES))
+def test_hf_defaults_are_those_of_transformers(architecture):
+    """ATOM's defaults equal the installed transformers' for every key its config class has (a
+    release that lacks a key is what the default is for)."""
+    hf_default = CONFIG_MAPPING[FAMILY_MODEL_TYPES[architecture]]()
+    defaults = get_model_class(architecture).hf_defaults
+    known = {key: getattr(hf_default, key) for key in defaults if hasattr(hf_default, key)}
+    assert known == {key: defaults[key] for key in known}
+    if transformers.__version__ >= "5.23":
+        assert known.keys() == defaults.keys()
+
+
+def test_gpt_oss_published_layout_matches_hf(tiny_model_dir, tmp_path):
+    """A tiny GPT-OSS checkpoint whose config omits ``swiglu_alpha`` as the published one does
+    (its ``swiglu_limit`` is the published 7.0): ATOM's logits equal HF's."""
+    model_dir = tmp_path / "gpt-oss"
+    shutil.copytree(tiny_model_dir("GptOssForCausalLM", swiglu_limit=7.0), model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("swiglu_alpha", None)  # older transformers do not write it at all
+    (model_dir / "config.json").write_text(json.dumps(config))
+    assert_logits_match_hf(str(model_dir))
+
+
+@pytest.fixture
+def qwen3(tmp_path):
+    return hosted(published_config("qwen3-8b", tmp_path))
+
+
+@pytest.mark.parametrize("fields,reason", [
+    ({"architecture": "Qwen2ForCausalLM"}, "ATOM has no implementation of Qwen2ForCausalLM"),
+    ({"generates": False}, "ATOM serves text generation, not embedding or pooling"),
+    ({"quantization": "fp8"}, "quantization 'fp8' is not supported"),
+    ({"lora": True}, "LoRA is not supported"),
+    ({"pipeline_parallel_size": 2}, "pipeline parallelism (size 2) is not supported"),
+    ({"kv_cache_dtype": "fp8_e4m3"}, "KV-cache dtype 'fp8_e4m3' is not supported"),
+    ({"kv_cache_dtype": "float16"}, "KV-cache dtype 'float16' is not supported"),
+    ({"dtype": torch.float64}, "dtype torch.float64 is not supported"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_each_reason(qwen3, fields, reason):
+    assert decide_takeover(dataclasses.replace(qwen3, **fields)).reasons == (reason,)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "bf16"])
+def test_kv_cache_in_the_model_dtype_is_served(qwen3, kv_cache_dtype):
+    assert decide_takeover(dataclasses.replace(qwen3, kv_cache_dtype=kv_cache_dtype)).atom_serves
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_unsupported_rope_types_are_handed_back(qwen3, rope_type):
+    hf_config = qwen3.hf_config
+    hf_config.rope_parameters = {**hf_config.rope_parameters, "rope_type": rope_type, "factor": 2.0}
+    assert decide_takeover(qwen3).reasons == (f"rope type {rope_type!r} is not supported",)
+
+
+def test_all_reasons_are_named_in_one_line(qwen3):
+    decision = decide_takeover(dataclasses.replace(qwen3, host="SGLang", quantization="awq", lora=True))
+    assert decision.hand_back_line() == ("ATOM hands Qwen3ForCausalLM back to SGLang: "
+                                         "quantization 'awq' is not supported; LoRA is not supported")
+
+
+def test_strict_takeover_refuses_a_hand_back_naming_the_reason(qwen3, monkeypatch, caplog):
+    decision = decide_takeover(dataclasses.replace(qwen3, lora=True))
+    monkeypatch.delenv("ATOM_STRICT_TAKEOVER", raising=False)
+    atom_logger = logging.getLogger("atom")  # does not propagate to the root logger caplog watches
+    atom_logger.addHandler(caplog.handler)
+    try:
+        report_hand_back(decision)
+    finally:
+        atom_logger.removeHandler(caplog.handler)
+    assert "ATOM hands Qwen3ForCausalLM back to vLLM: LoRA is not supported" in caplog.text
+    monkeypatch.setenv("ATOM_STRICT_TAKEOVER", "1")
+    with pytest.raises(TakeoverRefused, match="LoRA is not supported. ATOM_STRICT_TAKEOVER=1 forbids"):
+        report_hand_back(decision)
+    enforce_strict(decide_takeover(qwen3))  # a model ATOM serves passes
