@@ -17,3 +17,11 @@ sync_vllm_env() {
 sync_sglang_env() {
     UV_PROJECT_ENVIRONMENT=.venv-sglang uv sync --frozen --package atom-sglang --group dev
 }
+# The oldest transformers vLLM 0.26.0 accepts (with the hub and tokenizers it needs), beside the
+# lock's: ATOM must read published HF configs on it as well. Put first on PYTHONPATH over .venv.
+OLDEST_TRANSFORMERS=.venv-transformers-5.5.3
+sync_oldest_transformers() {
+    [ -d "$OLDEST_TRANSFORMERS/transformers" ] || uv pip install -q --target "$OLDEST_TRANSFORMERS" \
+        --no-deps --python .venv/bin/python transformers==5.5.3 "huggingface-hub>=1.5,<2" \
+        "tokenizers>=0.22,<=0.23.0"
+}

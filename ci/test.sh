@@ -7,8 +7,10 @@ sync_vllm_env
 # so it gets a process of its own: the model and engine tests use the normal backend selection.
 .venv/bin/pytest -q packages/atom-kernels/tests "$@"
 .venv/bin/pytest -q packages/atom-core/tests packages/atom-vllm/tests "$@"
+# HF config reading again on the oldest transformers vLLM accepts.
+sync_oldest_transformers
+PYTHONPATH="$OLDEST_TRANSFORMERS" .venv/bin/pytest -q -p no:cacheprovider packages/atom-core/tests/test_takeover.py "$@"
 sync_sglang_env
 .venv-sglang/bin/pytest -q packages/atom-sglang/tests "$@"
-# HF config reading once more on the SGLang environment's older transformers (its GptOssConfig has
-# no swiglu_alpha, as on common CUDA images).
+# And on the SGLang environment's transformers (5.12: no GptOssConfig.swiglu_alpha either).
 .venv-sglang/bin/pytest -q packages/atom-core/tests/test_takeover.py "$@"

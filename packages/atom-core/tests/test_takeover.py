@@ -1,8 +1,9 @@
 """The takeover decision (atom_core.hosting.takeover) on published HF configs, read by the installed
 transformers, and HF's defaults for the keys published configs omit (atom_core.hosting.hf_config).
 
-Also run under the SGLang environment's older transformers (ci/test.sh), where GptOssConfig has
-no ``swiglu_alpha`` at all: the case the defaults exist for.
+ci/test.sh runs it under the lock's transformers (5.23), the oldest vLLM 0.26 accepts (5.5.3) and the
+SGLang environment's (5.12); the older two have no ``GptOssConfig.swiglu_alpha`` at all: the case the
+defaults exist for.
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from packaging.version import Version
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -96,7 +98,7 @@ def test_hf_defaults_are_those_of_transformers(architecture):
     defaults = get_model_class(architecture).hf_defaults
     known = {key: getattr(hf_default, key) for key in defaults if hasattr(hf_default, key)}
     assert known == {key: defaults[key] for key in known}
-    if transformers.__version__ >= "5.23":
+    if Version(transformers.__version__) >= Version("5.23"):
         assert known.keys() == defaults.keys()
 
 
