@@ -1,58 +1,17 @@
-"""vLLM's OpenAI-compatible server with ATOM active answers completions and chat completions.
-
-On the CPU build `vllm serve` looks up the wrong distribution name, so the server module is started
-directly; the GPU `vllm` wheel's `vllm serve` runs the same code.
-"""
-
-import os
-import socket
-import subprocess
-import sys
-import time
+"""vLLM's OpenAI-compatible server with ATOM active answers completions and chat completions."""
 
 import pytest
 import requests
 
+from vllm_testing import openai_server
+
 pytestmark = pytest.mark.vllm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    model = tiny_model_dir("Qwen3ForCausalLM")
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-             "--max-model-len", "256", "--enforce-eager", "--served-model-name", "tiny"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited:\n{log_path.read_text()[-6000:]}")
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
-        else:
-            raise AssertionError(f"server did not become healthy:\n{log_path.read_text()[-6000:]}")
-        yield base, log_path
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    with openai_server(tiny_model_dir("Qwen3ForCausalLM"), tmp_path_factory.mktemp("server")) as running:
+        yield running
 
 
 def test_completions(server):

@@ -3,7 +3,9 @@
 Separate processes because vLLM reads plugins and ATOM_* switches once per process. Used by the
 parity tests: ``python vllm_runner.py '<json spec>'`` where the spec has ``model``, ``phases`` (lists
 of token-id prompts; each phase is one ``generate`` call, so later phases can hit the prefix cache
-filled by earlier ones), ``max_tokens`` and optional ``llm_kwargs``.
+filled by earlier ones), ``max_tokens`` and optional ``llm_kwargs``; ``prompt_embeds: true`` sends
+each prompt as the rows of the checkpoint's embedding table for its ids, ``prompt_logprobs: true``
+returns the log-probability of every prompt token after the first.
 """
 
 import json
@@ -16,6 +18,18 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 RESULT_MARKER = "VLLM_RUNNER_RESULT "
+
+
+def token_prompt(ids: list[int]) -> dict:
+    return {"prompt_token_ids": ids}
+
+
+def embedded_prompt(model_dir: str):
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+        table = f.get_tensor("model.embed_tokens.weight")
+    return lambda ids: {"prompt_embeds": table[ids]}
 
 
 def main() -> None:
@@ -33,12 +47,16 @@ def main() -> None:
     )
     kwargs.update(spec.get("llm_kwargs", {}))
     llm = LLM(model=spec["model"], **kwargs)
-    params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
+                            prompt_logprobs=0 if spec.get("prompt_logprobs") else None)
+    to_input = embedded_prompt(spec["model"]) if spec.get("prompt_embeds") else token_prompt
     phases = []
     for prompts in spec["phases"]:
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = llm.generate([to_input(p) for p in prompts], params, use_tqdm=False)
         phases.append([
-            {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens or 0}
+            {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens or 0,
+             **({"prompt_logprobs": [next(iter(lp.values())).logprob for lp in o.prompt_logprobs[1:]]}
+                if spec.get("prompt_logprobs") else {})}
             for o in outputs
         ])
     scheduler = llm.llm_engine.vllm_config.scheduler_config

@@ -1,9 +1,16 @@
 """Helpers of the vLLM test modules: real vLLM runs in fresh processes."""
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
 
 from atom_core.testing.reference import hf_greedy  # noqa: F401  (re-exported for the test modules)
 
@@ -11,10 +18,20 @@ RUNNER = os.path.join(os.path.dirname(__file__), "vllm_runner.py")
 RESULT_MARKER = "VLLM_RUNNER_RESULT "
 
 
+class VllmRunFailed(AssertionError):
+    """A vLLM run that ended without a result; ``log`` holds all it printed."""
+
+    def __init__(self, message: str, log: str):
+        super().__init__(message)
+        self.log = log
+
+
 def run_vllm(model: str, phases: list[list[list[int]]], max_tokens: int, env: dict | None = None,
-             llm_kwargs: dict | None = None, timeout: int = 600) -> dict:
-    """Run real vLLM in a fresh process; returns the runner's result dict (see vllm_runner.py)."""
-    spec = {"model": model, "phases": phases, "max_tokens": max_tokens, "llm_kwargs": llm_kwargs or {}}
+             llm_kwargs: dict | None = None, timeout: int = 600, **options) -> dict:
+    """Run real vLLM in a fresh process; returns the runner's result dict (see vllm_runner.py, also
+    for ``options``)."""
+    spec = {"model": model, "phases": phases, "max_tokens": max_tokens, "llm_kwargs": llm_kwargs or {},
+            **options}
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run([sys.executable, RUNNER, json.dumps(spec)], env=full_env,
                           capture_output=True, text=True, timeout=timeout)
@@ -23,4 +40,48 @@ def run_vllm(model: str, phases: list[list[list[int]]], max_tokens: int, env: di
             result = json.loads(line[len(RESULT_MARKER):])
             result["log"] = proc.stdout + proc.stderr
             return result
-    raise AssertionError(f"vLLM run failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    raise VllmRunFailed(f"vLLM run failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}",
+                        proc.stdout + proc.stderr)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def openai_server(model: str, log_dir: Path, *args: str) -> Iterator[tuple[str, Path]]:
+    """vLLM's OpenAI-compatible server on 127.0.0.1 serving ``model`` as "tiny" (fp32, eager,
+    max_model_len 256, then ``args``); yields (base URL, log path) once /health answers.
+
+    On the CPU build `vllm serve` looks up the wrong distribution name, so the server module is
+    started directly; the GPU `vllm` wheel's `vllm serve` runs the same code."""
+    port = free_port()
+    log_path = log_dir / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+             "--max-model-len", "256", "--enforce-eager", "--served-model-name", "tiny", *args],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited:\n{log_path.read_text()[-6000:]}")
+            try:
+                if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(1)
+        else:
+            raise AssertionError(f"server did not become healthy:\n{log_path.read_text()[-6000:]}")
+        yield base, log_path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

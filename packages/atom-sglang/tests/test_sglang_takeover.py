@@ -1,0 +1,26 @@
+"""A configuration ATOM does not support is handed back to SGLang (real SGLang 0.5.17, CPU engine):
+SGLang's own model class and its default attention backend serve, one log line says why, and the
+greedy tokens equal SGLang alone's. Here: a Llama with dynamic rope scaling, which ATOM hands back
+(atom_core.hosting.takeover); the reasons themselves are tested in atom-core's test_takeover.py.
+"""
+
+import pytest
+
+from sglang_testing import run_sglang
+
+pytestmark = pytest.mark.sglang
+
+PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40))]
+
+
+def test_dynamic_rope_is_served_by_sglang_as_without_atom(tiny_model_dir):
+    # mlp_bias off: SGLang's own Llama has no MLP bias (conftest.TINY_OVERRIDES).
+    model = tiny_model_dir("LlamaForCausalLM", mlp_bias=False,
+                           rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    runs = [{"model": model, "phases": [PROMPTS], "max_tokens": 12}]
+    [[with_atom], [alone]] = run_sglang((runs, {}), (runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
+    assert ("INFO atom: ATOM hands LlamaForCausalLM back to SGLang: rope type 'dynamic' is not supported"
+            in with_atom["log"])
+    assert "Use ATOM model" not in with_atom["log"]
+    assert with_atom["attention_backend"] == alone["attention_backend"] != "atom"
+    assert with_atom["phases"] == alone["phases"]

@@ -1,0 +1,205 @@
+"""Installing ATOM never breaks a vLLM server that runs without it (real vLLM, CPU, tiny models).
+
+Configurations ATOM does not support are handed back: vLLM's own model and attention serve, one log
+line says why, and the outcome is vLLM alone's — the same greedy tokens, or, where vLLM alone cannot
+serve the configuration on this machine either (FP8 on a CPU without AMX), the same error. The
+configurations ATOM serves, it serves at parity with HF transformers: linear and YaRN rope (a prompt
+past ``max_position_embeddings``), prompt embeddings, prompt logprobs, and a token id past the
+vocabulary in one prompt (answered, and the engine serves the next ones unharmed).
+
+The cells and their outcomes are printed as a table at the end of the module (docs/takeover.md
+lists them).
+"""
+
+import math
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from vllm.engine.arg_utils import EngineArgs
+
+from atom_core.models import SUPPORTED_ARCHITECTURES
+from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
+from atom_core.testing.tiny_models import VOCAB_SIZE
+from atom_vllm.config_translation import takeover_decision
+from vllm_testing import VllmRunFailed, hf_greedy, run_vllm
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 12
+ALONE = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
+BF16 = {"dtype": "bfloat16"}
+TABLE: list[tuple[str, str, str]] = []  # (cell, who served, outcome)
+
+
+def prompts(*lengths: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, VOCAB_SIZE) for _ in range(n)] for n in lengths]
+
+
+def tokens_of(result: dict) -> list[list[int]]:
+    return [o["tokens"] for phase in result["phases"] for o in phase]
+
+
+def run_both(model: str, phases, llm_kwargs: dict) -> tuple[dict | VllmRunFailed, dict | VllmRunFailed]:
+    """vLLM with ATOM and vLLM alone on the same cell, side by side; each a result, or the failure
+    it stopped with."""
+    def run(env):
+        try:
+            return run_vllm(model, phases, MAX_TOKENS, env=env, llm_kwargs=llm_kwargs)
+        except VllmRunFailed as failed:
+            return failed
+
+    with ThreadPoolExecutor(2) as pool:
+        with_atom, alone = pool.map(run, [{}, ALONE])
+    return with_atom, alone
+
+
+def error_line(failed: VllmRunFailed) -> str:
+    """The exception line a failed engine start ended with (vLLM's own error, not ATOM's)."""
+    lines = [line for line in failed.log.splitlines() if "Error: " in line]
+    return lines[-1].split("]: ")[-1].strip() if lines else failed.log[-300:]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_table():
+    yield
+    width = max((len(cell) for cell, _, _ in TABLE), default=4)
+    print("\n| cell | served by | outcome |\n|---|---|---|")
+    for cell, served, outcome in TABLE:
+        print(f"| {cell:<{width}} | {served} | {outcome} |")
+
+
+def rope(rope_type: str) -> dict:
+    return {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}
+
+
+HAND_BACK_CELLS = {
+    # cell: (architecture, tiny-model overrides, LLM kwargs, checkpoint writer, reason in the log line)
+    "dynamic rope": ("LlamaForCausalLM", {"rope_parameters": rope("dynamic")},
+                     {}, None, "rope type 'dynamic' is not supported"),
+    "online quantization fp8": ("Qwen3ForCausalLM", {}, {"quantization": "fp8", **BF16}, None,
+                                "quantization 'fp8' is not supported"),
+    "block-FP8 checkpoint": ("Qwen3ForCausalLM", {"intermediate_size": 128}, BF16,
+                             lambda src, out: write_block_fp8_checkpoint(src, out, block=(32, 32)),
+                             "quantization 'fp8' is not supported"),
+}
+
+
+@pytest.mark.parametrize("cell", HAND_BACK_CELLS)
+def test_handed_back_cells_end_as_vllm_alone(cell, tiny_model_dir, tmp_path):
+    architecture, overrides, llm_kwargs, write, reason = HAND_BACK_CELLS[cell]
+    model = tiny_model_dir(architecture, **overrides)
+    if write is not None:
+        model = write(model, str(tmp_path / "checkpoint"))
+    with_atom, alone = run_both(model, [prompts(5, 19)], llm_kwargs)
+    line = f"INFO atom: ATOM hands {architecture} back to vLLM: {reason}"
+    if isinstance(alone, VllmRunFailed):
+        # vLLM alone cannot serve it here: ATOM handed back, and vLLM stopped on the same error.
+        assert isinstance(with_atom, VllmRunFailed), "ATOM served what vLLM alone could not"
+        assert line in with_atom.log
+        assert error_line(with_atom) == error_line(alone)
+        TABLE.append((cell, "vLLM (handed back)", f"both stop: {error_line(alone)[:80]}"))
+        return
+    assert not isinstance(with_atom, VllmRunFailed), f"vLLM alone serves, with ATOM:\n{with_atom}"
+    assert line in with_atom["log"]
+    assert with_atom["served_by"]["model_class"].startswith("vllm.model_executor.models.")
+    assert tokens_of(with_atom) == tokens_of(alone)
+    TABLE.append((cell, "vLLM (handed back)", "tokens equal vLLM alone's"))
+
+
+def test_lora_is_handed_back_and_serves_as_hf(tiny_model_dir):
+    model = tiny_model_dir("Qwen3ForCausalLM")
+    phase = prompts(5, 19)
+    result = run_vllm(model, [phase], MAX_TOKENS, llm_kwargs={"enable_lora": True, "max_lora_rank": 8})
+    assert "INFO atom: ATOM hands Qwen3ForCausalLM back to vLLM: LoRA is not supported" in result["log"]
+    assert result["served_by"]["model_class"] == "vllm.model_executor.models.qwen3.Qwen3ForCausalLM"
+    assert result["served_by"]["attention_impls"] == [
+        "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"]
+    assert tokens_of(result) == hf_greedy(model, phase, MAX_TOKENS)
+    TABLE.append(("LoRA enabled", "vLLM (handed back)", "tokens equal HF's"))
+
+
+def test_strict_takeover_refuses_at_start_naming_the_reason(tiny_model_dir):
+    with pytest.raises(VllmRunFailed) as failed:
+        run_vllm(tiny_model_dir("Qwen3ForCausalLM"), [prompts(5)], MAX_TOKENS,
+                 env={"ATOM_STRICT_TAKEOVER": "1"}, llm_kwargs={"enable_lora": True, "max_lora_rank": 8})
+    assert ("TakeoverRefused: ATOM hands Qwen3ForCausalLM back to vLLM: LoRA is not supported. "
+            "ATOM_STRICT_TAKEOVER=1 forbids handing back") in failed.value.log
+    TABLE.append(("LoRA enabled, ATOM_STRICT_TAKEOVER=1", "nobody", "start-up error naming the reason"))
+
+
+def assert_atom_served(result: dict) -> None:
+    assert result["served_by"]["inner_class"].startswith("atom_core.models.")
+    assert "ATOM hands" not in result["log"]
+
+
+def hf_prompt_logprobs(model_dir: str, prompt: list[int]) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logprobs = hf(torch.tensor([prompt])).logits[0].log_softmax(-1)
+    return logprobs[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
+
+
+def test_linear_rope_with_prompt_logprobs_matches_hf(tiny_model_dir):
+    model = tiny_model_dir("LlamaForCausalLM", rope_parameters=rope("linear"))
+    phase = prompts(5, 19)
+    result = run_vllm(model, [phase], MAX_TOKENS, prompt_logprobs=True)
+    assert_atom_served(result)
+    assert tokens_of(result) == hf_greedy(model, phase, MAX_TOKENS)
+    for output, prompt in zip(result["phases"][0], phase):
+        expected = hf_prompt_logprobs(model, prompt)
+        assert all(math.isclose(a, b, abs_tol=1e-3) for a, b in zip(output["prompt_logprobs"], expected))
+    TABLE.append(("linear rope, prompt logprobs", "ATOM", "tokens and prompt logprobs equal HF's"))
+
+
+def test_yarn_long_prompt_and_an_id_past_the_vocabulary(tiny_model_dir):
+    """A 150-token prompt under YaRN with max_position_embeddings 64 (vLLM allows 64 x 4); first, a
+    prompt holding id 499 of a 499-row vocabulary, which vLLM lets through: answered, and the next
+    requests are served as HF serves them."""
+    model = tiny_model_dir("Qwen3ForCausalLM", max_position_embeddings=64, rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0})
+    out_of_vocabulary = [[7, VOCAB_SIZE, 9]]
+    phase = prompts(150, 6)
+    result = run_vllm(model, [out_of_vocabulary, phase], MAX_TOKENS, llm_kwargs={"max_model_len": 256})
+    assert_atom_served(result)
+    assert len(result["phases"][0][0]["tokens"]) == MAX_TOKENS
+    assert tokens_of(result)[1:] == hf_greedy(model, phase, MAX_TOKENS)
+    TABLE.append(("YaRN, 150-token prompt past max_position_embeddings 64", "ATOM", "tokens equal HF's"))
+    TABLE.append((f"token id {VOCAB_SIZE} of a {VOCAB_SIZE}-row vocabulary", "ATOM",
+                  "answered; later requests equal HF's"))
+
+
+def test_prompt_embeds_match_hf(tiny_model_dir):
+    model = tiny_model_dir("Qwen3ForCausalLM")
+    phase = prompts(5, 19)
+    result = run_vllm(model, [phase], MAX_TOKENS, llm_kwargs={"enable_prompt_embeds": True},
+                      prompt_embeds=True)
+    assert_atom_served(result)
+    assert tokens_of(result) == hf_greedy(model, phase, MAX_TOKENS)
+    TABLE.append(("prompt embeds", "ATOM", "tokens equal HF's for the same ids"))
+
+
+GRID = {
+    # column: (checkpoint writer or None, EngineArgs settings, the reason ATOM hands back for, or None)
+    "bf16": (None, BF16, None),
+    "block-FP8 checkpoint": (lambda src, out: write_block_fp8_checkpoint(src, out), BF16,
+                             "quantization 'fp8' is not supported"),
+    "quantization=fp8": (None, {"quantization": "fp8", **BF16}, "quantization 'fp8' is not supported"),
+    "LoRA": (None, {"enable_lora": True, **BF16}, "LoRA is not supported"),
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(SUPPORTED_ARCHITECTURES))
+def test_decision_for_each_family_from_vllm_config(architecture, tiny_model_dir, tmp_path):
+    """What the glue reads from vLLM's own config for every family: the checkpoint's quantization,
+    the requested one, LoRA (no engine start: the cells above run the engine)."""
+    source = tiny_model_dir(architecture)
+    for column, (write, settings, reason) in GRID.items():
+        model = source if write is None else write(source, str(tmp_path / column))
+        decision = takeover_decision(EngineArgs(model=model, max_model_len=256, **settings).create_engine_config())
+        assert decision.reasons == (() if reason is None else (reason,)), column
