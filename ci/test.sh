@@ -3,6 +3,7 @@
 # (real SGLang 0.5.17, CPU engine). GPU tests skip cleanly without a GPU.
 source "$(dirname "$0")/common.sh"
 sync_vllm_env
+.venv/bin/ruff check packages benchmarks ci
 # The kernel suite runs Triton through its interpreter (TRITON_INTERPRET=1 for the whole process),
 # so it gets a process of its own: the model and engine tests use the normal backend selection.
 .venv/bin/pytest -q packages/atom-kernels/tests "$@"

@@ -21,7 +21,8 @@ def main(path: str) -> None:
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode, style in (("native", "o-"), ("atom", "s-")):
         results = report[mode].get("results", {})
-        points = [(c, results[str(c)]) for c in report["concurrencies"] if "output_throughput" in results.get(str(c), {})]
+        points = [(c, results[str(c)]) for c in report["concurrencies"]
+                  if "output_throughput" in results.get(str(c), {})]
         label = "vLLM native" if mode == "native" else "vLLM + ATOM"
         left.plot([c for c, _ in points], [r["output_throughput"] for _, r in points], style, label=label)
         right.plot([c for c, _ in points], [r["mean_tpot_ms"] for _, r in points], style, label=label)

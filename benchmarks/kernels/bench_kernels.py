@@ -37,8 +37,9 @@ from triton.testing import do_bench, do_bench_cudagraph
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
 
-# Copied from /work/shared/models/{qwen3-8b,qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-20b}.json (the device
-# machine gets only the repository); --models-dir checks them against the files where they exist.
+# From the models' published Hugging Face configs (config.json of Qwen3-8B, Qwen3-30B-A3B,
+# DeepSeek-V2-Lite, gpt-oss-20b), as in benchmarks/models/; --models-dir checks them against the files
+# found there.
 MODELS = {
     "qwen3-8b": {
         "hidden_size": 4096,
@@ -422,7 +423,7 @@ def prefill_case(ak, fa, model, lengths):
 
     def theirs():
         return fa(q, k, v, max_len, cu_k, max_len, cu_seqlens_k=cu_k, softmax_scale=scale,
-                  causal=True, fa_version=3)  # fmt: skip
+                  causal=True, fa_version=3)
 
     return Case(
         "varlen_attention",
@@ -440,7 +441,7 @@ def prefill_case(ak, fa, model, lengths):
 
 def mixed_cases(ak, ops):
     """A mixed engine step: 255 decodes and one chunked-prefill extend (512 new tokens), each over a
-    2048-token context, as one paged launch (what ATOM's vLLM backend did until session 4) and as a
+    2048-token context, as one paged launch (what ATOM's vLLM backend did before d15ed70) and as a
     decode launch plus an extend launch (what it does now), both against FA3 on the whole batch."""
     fa = flash_attn()
     m = MODELS["qwen3-8b"]
@@ -463,7 +464,7 @@ def mixed_cases(ak, ops):
         ak.paged_attention(
             q[:decodes], kc, vc, cu_q[: decodes + 1], lens[:decodes], table[:decodes], scale,
             out=out[:decodes],
-        )  # fmt: skip
+        )
         ak.paged_attention(
             q[decodes:], kc, vc, extend_cu, lens[decodes:], table[decodes:], scale, out=out[decodes:]
         )
@@ -473,7 +474,7 @@ def mixed_cases(ak, ops):
         return fa(
             q, kc, vc, new, cu_q, context, seqused_k=lens, block_table=table, softmax_scale=scale,
             causal=True, fa_version=3,
-        )  # fmt: skip
+        )
 
     kv_read = len(seq_lens) * context * kv_heads * hd * 2 * 2
     flops = 4 * (decodes * context + new * (context - new / 2)) * heads * hd
@@ -808,7 +809,7 @@ def main() -> None:
         "--rep", type=int, default=100, help="milliseconds of timed repetitions per kernel"
     )
     parser.add_argument(
-        "--models-dir", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "models"
+        "--models-dir", type=Path, default=Path(__file__).resolve().parents[1] / "models"
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():

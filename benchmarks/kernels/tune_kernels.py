@@ -196,11 +196,11 @@ class AttentionShape:
             return lambda: launch_attention(
                 self.q, self.k, self.v, self.out, self.cu, scale, True, None, None,
                 kv_start=self.cu, head_dim=self.dim, config=config,
-            )  # fmt: skip
+            )
         return lambda: launch_attention(
             self.q, self.k, self.v, self.out, self.cu, scale, True, None, None,
             seq_lens=self.lens, block_table=self.table, head_dim=self.dim, config=config,
-        )  # fmt: skip
+        )
 
     def fa3(self):
         from vllm.vllm_flash_attn import flash_attn_varlen_func as fa
@@ -210,11 +210,11 @@ class AttentionShape:
             return lambda: fa(
                 self.q, self.k, self.v, self.max_len, self.cu, self.max_len,
                 cu_seqlens_k=self.cu, softmax_scale=scale, causal=True, fa_version=3,
-            )  # fmt: skip
+            )
         return lambda: fa(
             self.q, self.k, self.v, EXTEND[1], self.cu, EXTEND[2], seqused_k=self.lens,
             block_table=self.table, softmax_scale=scale, causal=True, fa_version=3,
-        )  # fmt: skip
+        )
 
 
 def cu(lengths: list[int]) -> torch.Tensor:

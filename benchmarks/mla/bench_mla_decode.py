@@ -38,8 +38,8 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 BF16 = torch.bfloat16
 
-# Copied from /work/shared/models/{deepseek-v2-lite,moonlight-16b-a3b}.json (the device machine gets only
-# the repository); --models-dir checks them against the files where they exist.
+# From the models' published Hugging Face configs (config.json of DeepSeek-V2-Lite and Moonlight-16B-A3B),
+# as in benchmarks/models/; --models-dir checks them against the files found there.
 MODELS = {
     "deepseek-v2-lite": {
         "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400,
@@ -68,7 +68,7 @@ MODELS = {
         "rope_theta": 50000.0, "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16", "bos_token_id": 163584, "eos_token_id": 163585,
     },
-}  # fmt: skip
+}
 
 BATCHES = [1, 8, 32, 64, 128, 256]
 CONTEXTS = [1024, 4096, 16384]
@@ -96,7 +96,7 @@ def vllm_config_for(model: str, block_size: int, max_model_len: int):
     return EngineArgs(
         model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
         max_model_len=max_model_len, block_size=block_size, enforce_eager=True,
-    ).create_engine_config()  # fmt: skip
+    ).create_engine_config()
 
 
 def init_single_rank_distributed() -> None:
@@ -104,7 +104,7 @@ def init_single_rank_distributed() -> None:
     from vllm.utils.network_utils import get_open_port
 
     init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                 distributed_init_method=f"tcp://127.0.0.1:{get_open_port()}")  # fmt: skip
+                                 distributed_init_method=f"tcp://127.0.0.1:{get_open_port()}")
     ensure_model_parallel_initialized(1, 1)
 
 
@@ -116,7 +116,7 @@ def vllm_backend_class(name: str, num_heads: int):
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     selector = AttentionSelectorConfig(head_size=576, dtype=BF16, kv_cache_dtype="auto", block_size=None,
-                                       use_mla=True)  # fmt: skip
+                                       use_mla=True)
     selected = None if name == "auto" else AttentionBackendEnum[name]
     # CudaPlatform's method directly: ATOMPlatform (active when atom-vllm is installed) would route a
     # DeepSeek model's MLA to ATOM's backend.
@@ -162,20 +162,20 @@ class Layers:
 
         with torch.device(device), set_default_torch_dtype(BF16):
             kv_b_proj = VllmColumnParallelLinear(self.rank, kv_b_weight.shape[0], bias=False,
-                                                 prefix=f"{prefix}.kv_b_proj")  # fmt: skip
+                                                 prefix=f"{prefix}.kv_b_proj")
             kv_b_proj.weight.data.copy_(kv_b_weight)
             self.vllm_rope = get_rope(self.rope, max_position=hf.max_position_embeddings,
-                                      rope_parameters=vllm_deepseek_rope_parameters(hf), is_neox_style=False)  # fmt: skip
+                                      rope_parameters=vllm_deepseek_rope_parameters(hf), is_neox_style=False)
             self.vllm_layer = MLAAttention(
                 num_heads=self.heads, scale=scale, qk_nope_head_dim=self.nope, qk_rope_head_dim=self.rope,
                 v_head_dim=self.v, q_lora_rank=None, kv_lora_rank=self.rank, kv_b_proj=kv_b_proj,
                 cache_config=vllm_config.cache_config, prefix=f"{prefix}.attn", attn_backend=backend,
-            )  # fmt: skip
+            )
         self.vllm_layer.process_weights_after_loading(BF16)
         self.layer_name = f"{prefix}.attn"
         self.block_size = vllm_config.cache_config.block_size
         spec = MLAAttentionSpec(block_size=self.block_size, num_kv_heads=1, head_size=self.rank + self.rope,
-                                dtype=BF16, cache_dtype_str="auto")  # fmt: skip
+                                dtype=BF16, cache_dtype_str="auto")
         self.vllm_builder = backend.get_builder_cls()(spec, [self.layer_name], vllm_config, device)
 
         atom_kv_b_proj = ColumnParallelLinear(self.rank, kv_b_weight.shape[0]).to(device=device, dtype=BF16)
@@ -188,7 +188,7 @@ class Layers:
                 v_head_dim=self.v, kv_lora_rank=self.rank, scale=scale, prefix=f"{prefix}.atom",
                 layer_id=0, kv_b_proj=atom_kv_b_proj, rotary_emb=rotary,
             )
-        )  # fmt: skip
+        )
         self.atom_builder = ATOMMLAMetadataBuilder(spec, [f"{prefix}.atom"], vllm_config, device)
 
 
@@ -211,7 +211,7 @@ def run_case(layers: Layers, vllm_config, batch: int, context: int) -> dict:
         query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.cpu(), seq_lens=seq_lens,
         num_reqs=batch, num_actual_tokens=batch, max_query_len=1, max_seq_len=context,
         block_table_tensor=block_table, slot_mapping=slot_mapping, seq_lens_cpu_upper_bound=seq_lens.cpu(),
-    )  # fmt: skip
+    )
     atom_metadata = layers.atom_builder.build_for_cudagraph_capture(common)
     vllm_metadata = layers.vllm_builder.build_for_cudagraph_capture(common)
 
@@ -235,7 +235,7 @@ def run_case(layers: Layers, vllm_config, batch: int, context: int) -> dict:
         return layers.vllm_layer(q_vllm, kv_c, k_rot, output_shape=(batch, layers.heads * layers.v))
 
     with set_forward_context({layers.layer_name: vllm_metadata}, vllm_config,
-                             slot_mapping={layers.layer_name: slot_mapping}):  # fmt: skip
+                             slot_mapping={layers.layer_name: slot_mapping}):
         atom_step()
         out_vllm = vllm_step()
         torch.cuda.synchronize()
@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--vllm-backends", default="auto,TRITON_MLA",
                         help="vLLM MLA backends to compare with: auto (the platform's choice) or enum names")
     parser.add_argument("--quick", action="store_true", help=f"batches {QUICK_BATCHES}, contexts {QUICK_CONTEXTS}")
-    parser.add_argument("--models-dir", default=str(Path(__file__).resolve().parents[2] / ".." / "shared" / "models"))
+    parser.add_argument("--models-dir", default=str(Path(__file__).resolve().parents[1] / "models"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_mla_decode needs a CUDA GPU")
@@ -302,7 +302,7 @@ def main() -> None:
                         if batch * context * 576 * 2 > MAX_CACHE_BYTES:
                             continue
                         case = {"model": model, "vllm_backend": backend.get_name(), "block_size": block_size,
-                                "batch": batch, "context": context}  # fmt: skip
+                                "batch": batch, "context": context}
                         try:
                             case.update(run_case(layers, vllm_config, batch, context))
                         except Exception as exc:  # noqa: BLE001 - record the failure, keep benchmarking

@@ -1,9 +1,14 @@
 """fp8 GEMM tiles (token x channel and 128x128 block-scaled) at Qwen3-8B gate_up shapes."""
-import itertools, json, os
-import torch, triton
+import itertools
+import json
+import os
+
+import torch
+import triton
 from triton.testing import do_bench_cudagraph
-from atom_kernels import gemm as g
 from vllm import _custom_ops as ops
+
+from atom_kernels import gemm as g
 
 torch.manual_seed(0)
 t = lambda fn: do_bench_cudagraph(fn, rep=40, return_mode="median") * 1e3

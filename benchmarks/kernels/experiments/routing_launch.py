@@ -1,10 +1,14 @@
 """Sweep rows-per-program and warps of the routing kernels against vLLM's ops (CUDA-graph replays)."""
-import json, os, sys
-import torch, triton
+import json
+import os
+
+import torch
+import triton
 from triton.testing import do_bench_cudagraph
-import atom_kernels.moe as m
-from atom_kernels.triton_utils import next_pow2
 from vllm import _custom_ops as ops
+
+import atom_kernels.routing as m
+from atom_kernels.triton_utils import next_pow2
 
 torch.manual_seed(0)
 out = {}

@@ -11,13 +11,13 @@
 import pytest
 import torch
 from safetensors import safe_open
+from test_hf_parity import atom_model, hf_logits
+from test_loader_errors import checkpoint, fresh_model
 
 from atom_core.layers.attention import AttentionSpec, standalone_batch
 from atom_core.layers.rotary import build_cos_sin_cache
 from atom_core.loader import CheckpointError, iter_safetensors
 from atom_core.testing.tiny_models import tiny_hf_config
-from test_hf_parity import atom_model, hf_logits
-from test_loader_errors import checkpoint, fresh_model
 
 LENGTHS = [7, 1, 23, 40]
 
@@ -87,31 +87,31 @@ def ungrouped(layer) -> None:
 FEATURES = {
     "LlamaForCausalLM": {
         "llama3 rope scaling": with_plain_rope(10000.0, 32),
-        "attention bias": for_layers(zero(lambda l: l.self_attn.qkv_proj.bias)),
-        "mlp bias": for_layers(zero(lambda l: l.mlp.down_proj.bias)),
+        "attention bias": for_layers(zero(lambda layer: layer.self_attn.qkv_proj.bias)),
+        "mlp bias": for_layers(zero(lambda layer: layer.mlp.down_proj.bias)),
     },
     "MixtralForCausalLM": {
         "sliding window": without_sliding_window,
-        "top-2 renormalised": for_layers(setter(lambda l: l.mlp.gate, "renormalize", False)),
+        "top-2 renormalised": for_layers(setter(lambda layer: layer.mlp.gate, "renormalize", False)),
     },
     "Glm4MoeForCausalLM": {
         "partial rotary": with_plain_rope(10000.0, 32),
-        "QK-norm": for_layers(setter(lambda l: l.self_attn, "q_norm", None)),
-        "attention bias": for_layers(zero(lambda l: l.self_attn.qkv_proj.bias)),
-        "shared experts": for_layers(setter(lambda l: l.mlp, "shared_experts", None), first=1),
-        "e_score_correction_bias": for_layers(zero(lambda l: l.mlp.gate.e_score_correction_bias), first=1),
+        "QK-norm": for_layers(setter(lambda layer: layer.self_attn, "q_norm", None)),
+        "attention bias": for_layers(zero(lambda layer: layer.self_attn.qkv_proj.bias)),
+        "shared experts": for_layers(setter(lambda layer: layer.mlp, "shared_experts", None), first=1),
+        "e_score_correction_bias": for_layers(zero(lambda layer: layer.mlp.gate.e_score_correction_bias), first=1),
         "expert groups": for_layers(ungrouped, first=1),
-        "routed scaling": for_layers(setter(lambda l: l.mlp.gate, "routed_scaling_factor", 1.0), first=1),
+        "routed scaling": for_layers(setter(lambda layer: layer.mlp.gate, "routed_scaling_factor", 1.0), first=1),
     },
     "GptOssForCausalLM": {
         "sliding window": without_sliding_window,
-        "sinks": for_layers(lambda l: l.self_attn.sinks.data.fill_(-1e9)),
+        "sinks": for_layers(lambda layer: layer.self_attn.sinks.data.fill_(-1e9)),
         "yarn rope": with_plain_rope(150000.0, 32),
-        "attention bias": for_layers(zero(lambda l: l.self_attn.o_proj.bias)),
-        "router bias": for_layers(zero(lambda l: l.mlp.gate.bias)),
-        "expert gate_up bias": for_layers(zero(lambda l: l.mlp.experts.w13_bias)),
-        "expert down bias": for_layers(zero(lambda l: l.mlp.experts.w2_bias)),
-        "SwiGLU clamp": for_layers(setter(lambda l: l.mlp.experts, "swiglu_limit", 1e9)),
+        "attention bias": for_layers(zero(lambda layer: layer.self_attn.o_proj.bias)),
+        "router bias": for_layers(zero(lambda layer: layer.mlp.gate.bias)),
+        "expert gate_up bias": for_layers(zero(lambda layer: layer.mlp.experts.w13_bias)),
+        "expert down bias": for_layers(zero(lambda layer: layer.mlp.experts.w2_bias)),
+        "SwiGLU clamp": for_layers(setter(lambda layer: layer.mlp.experts, "swiglu_limit", 1e9)),
     },
 }
 

@@ -5,17 +5,17 @@ import math
 
 import pytest
 import torch
+from test_loader_errors import checkpoint, fresh_model
 
 from atom_core.distributed import SINGLE_RANK, TPGroup, set_tp_group
 from atom_core.layers import mla
 from atom_core.layers.attention import standalone_batch
 from atom_core.loader import CheckpointError
-from test_loader_errors import checkpoint, fresh_model
 
 torch.set_default_dtype(torch.float32)
 
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32,
-            mscale=1.0, mscale_all_dim=0.8, beta_fast=32.0, beta_slow=1.0, partial_rotary_factor=1.0)  # fmt: skip
+            mscale=1.0, mscale_all_dim=0.8, beta_fast=32.0, beta_slow=1.0, partial_rotary_factor=1.0)
 HIDDEN, HEADS, NOPE, ROPE, V, Q_LORA, KV_LORA = 64, 4, 16, 8, 12, 24, 32
 
 
@@ -81,8 +81,9 @@ def test_absorbed_decode_and_chunked_prefill_over_the_paged_cache_match_standalo
         idx = torch.cat([tokens(s, lo, hi) for s, (lo, hi) in zip(seqs, query_ranges)])
         slot_mapping = torch.cat([slots(s, lo, hi) for s, (lo, hi) in zip(seqs, query_ranges)])
         q_full = mla.rope_and_cache(spec, positions[idx], q[idx, :, :NOPE], q[idx, :, NOPE:], kv_c[idx],
-                                    k_pe[idx], kv_cache, slot_mapping)  # fmt: skip
-        latent = kv_cache.view(-1, spec.latent_dim)[torch.cat([slots(s, 0, hi) for s, (_, hi) in zip(seqs, query_ranges)])]
+                                    k_pe[idx], kv_cache, slot_mapping)
+        cached = torch.cat([slots(s, 0, hi) for s, (_, hi) in zip(seqs, query_ranges)])
+        latent = kv_cache.view(-1, spec.latent_dim)[cached]
         cu_q = torch.tensor([0, *torch.tensor([hi - lo for lo, hi in query_ranges]).cumsum(0).tolist()]).int()
         cu_k = torch.tensor([0, *torch.tensor([hi for _, hi in query_ranges]).cumsum(0).tolist()]).int()
         return idx, mla.mla_prefill(spec, q_full, latent, cu_q, cu_k)
@@ -94,10 +95,10 @@ def test_absorbed_decode_and_chunked_prefill_over_the_paged_cache_match_standalo
     # Step 2a: sequence 0 decodes: absorbed query over the latent cache.
     idx = tokens(0, 8, 9)
     q_latent = mla.rope_and_cache(spec, positions[idx], mla.absorb_q(spec, q[idx, :, :NOPE]), q[idx, :, NOPE:],
-                                  kv_c[idx], k_pe[idx], kv_cache, slots(0, 8, 9))  # fmt: skip
+                                  kv_c[idx], k_pe[idx], kv_cache, slots(0, 8, 9))
     assert q_latent.shape == (1, HEADS, KV_LORA + ROPE)
     out = mla.mla_decode(spec, q_latent, kv_cache, torch.tensor([0, 1]).int(), torch.tensor([9]).int(),
-                         block_table[:1])  # fmt: skip
+                         block_table[:1])
     torch.testing.assert_close(out, expected[idx], rtol=1e-5, atol=1e-5)
 
     # Step 2b: sequences 1 and 3 extend over their cached first chunks (a chunked prefill).
@@ -142,7 +143,7 @@ def test_softmax_scale_carries_deepseek_yarn_mscale():
     ("DeepseekV3ForCausalLM", "model.layers.1.mlp.gate.e_score_correction_bias"),
     ("DeepseekV3ForCausalLM", "model.layers.2.mlp.experts.7.down_proj.weight"),
     ("DeepseekV3ForCausalLM", "model.layers.1.mlp.shared_experts.up_proj.weight"),
-])  # fmt: skip
+])
 def test_missing_deepseek_tensor_is_named(tiny_model_dir, architecture, missing):
     model_dir = tiny_model_dir(architecture)
     weights = checkpoint(model_dir)
@@ -175,9 +176,10 @@ def test_multi_token_prediction_layers_are_skipped(tiny_model_dir):
 def test_piecewise_compile_splits_at_every_latent_attention(tiny_model_dir, tmp_path, monkeypatch, caplog):
     """Under ATOM's torch.compile the latent attention is an opaque split point
     (atom::unified_latent_attention), as the MHA attention is; compiled logits equal eager ones."""
+    from test_compile import build, logits
+
     from atom_core.config import CompilationLevel
     from atom_core.log import logger
-    from test_compile import build, logits
 
     monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path))
     model_dir = tiny_model_dir("DeepseekV3ForCausalLM")

@@ -4,7 +4,6 @@ routing; DeepseekV3: q LoRA, sigmoid noaux_tc routing over 4 groups; both YaRN w
 test_hf_parity; these flip one feature each."""
 
 import pytest
-
 from test_hf_parity import assert_logits_match_hf
 
 VARIANTS = [

@@ -16,6 +16,7 @@ import pytest
 import torch
 import transformers
 from packaging.version import Version
+from test_hf_parity import assert_logits_match_hf
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -29,7 +30,6 @@ from atom_core.hosting.takeover import (
     report_hand_back,
 )
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
-from test_hf_parity import assert_logits_match_hf
 
 PUBLISHED = Path(__file__).parent / "data" / "published_configs"
 

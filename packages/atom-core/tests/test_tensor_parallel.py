@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_hf_parity import atom_model
 
 from atom_core.distributed import SINGLE_RANK, TPGroup, set_tp_group
 from atom_core.layers.attention import standalone_batch
-from test_hf_parity import atom_model
 
 ARCHITECTURES = [
     "LlamaForCausalLM",

@@ -82,7 +82,7 @@ def test_tma_prefill_attention(dtype, heads, kv_heads, head_size, lengths):
     expected = torch.cat([
         reference_attention(q[s:e], k[s:e], v[s:e], scale, True, None, None)
         for s, e in zip(starts[:-1], starts[1:], strict=True)
-    ])  # fmt: skip
+    ])
     assert_close(out, expected, dtype, "accumulated")
 
 
@@ -206,7 +206,7 @@ def test_metadata_slices_at_any_offset_reuse_one_compiled_kernel():
         impl("paged_attention", "triton")(
             q[start:], key_cache, value_cache, query_start[first:] - start, lens[first:],
             table[first:], dim**-0.5,
-        )  # fmt: skip
+        )
 
     def variants() -> int:
         return sum(len(cache[0]) for cache in attention._attention_kernel.device_caches.values())

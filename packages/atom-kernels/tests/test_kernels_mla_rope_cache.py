@@ -5,7 +5,6 @@ import types
 
 import pytest
 import torch
-
 from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
 
 
@@ -79,10 +78,10 @@ def test_aiter_adapter_wiring(monkeypatch):
     reference = impl("fused_qk_rope_concat_and_cache_mla", "torch")
 
     def fake(q_nope, q_pe, kv_c, k_pe, kv_cache, q_out, slot_mapping, k_scale, q_scale, positions, cos_cache,
-             sin_cache, is_neox, is_nope_first):  # fmt: skip
+             sin_cache, is_neox, is_nope_first):
         assert is_nope_first and cos_cache.shape == sin_cache.shape == (64, q_pe.shape[-1] // 2)
         reference(q_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, positions,
-                  torch.cat([cos_cache, sin_cache], dim=-1).float(), is_neox, out=q_out)  # fmt: skip
+                  torch.cat([cos_cache, sin_cache], dim=-1).float(), is_neox, out=q_out)
 
     aiter = types.ModuleType("aiter")
     aiter.fused_qk_rope_concat_and_cache_mla = fake

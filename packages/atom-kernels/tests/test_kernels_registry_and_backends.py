@@ -1,14 +1,14 @@
+import inspect
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
-from kernel_testing import DEVICE, ON_GPU, assert_close, cu_seqlens, impl, paged_layout, rand
+from kernel_testing import DEVICE, ON_GPU, rand
 
 import atom_kernels
 from atom_kernels import BackendUnavailableError, reset_selection
-from atom_kernels.registry import OPS
+from atom_kernels.registry import OPS, Op
 
 
 def test_every_op_has_all_three_backends():
@@ -74,119 +74,60 @@ def test_aiter_requested_without_rocm_raises(clean_selection):
         atom_kernels.rms_norm(rand(2, 8), rand(8), 1e-6)
 
 
-def test_all_reduce_hook():
-    x = rand(4)
-    assert atom_kernels.all_reduce(x) is x
-    atom_kernels.set_all_reduce(lambda t: t * 2)
-    try:
-        assert torch.equal(atom_kernels.all_reduce(x), x * 2)
-    finally:
-        atom_kernels.set_all_reduce(None)
-    assert atom_kernels.get_all_reduce() is None and atom_kernels.all_reduce(x) is x
+def test_global_request_skips_ops_without_that_backend(clean_selection):
+    """ATOM_KERNEL_BACKEND forces the ops that have the backend; the others keep their default
+    selection, marked in the report line. A per-op request for a missing backend is an error."""
+
+    def reference_only(x: torch.Tensor) -> torch.Tensor:
+        """An op with only a torch implementation."""
+
+    op = Op(reference_only)
+    op.register("torch")(lambda x: x)
+    clean_selection.setitem(OPS, "reference_only", op)
+    clean_selection.setenv("ATOM_KERNEL_BACKEND", "triton")
+    reset_selection()
+    assert op.select(DEVICE.type) == "torch"
+    assert atom_kernels.rms_norm.select(DEVICE.type) == "triton"
+    line = atom_kernels.backend_report_line(DEVICE.type)
+    assert "reference_only=torch (no triton)" in line and "rms_norm=triton," in line
+    clean_selection.setenv("ATOM_KERNEL_BACKEND_REFERENCE_ONLY", "triton")
+    with pytest.raises(BackendUnavailableError, match="reference_only"):
+        op.select(DEVICE.type)
 
 
-# --- aiter adapters against a stand-in ------------------------------------------------------------
-# No AMD GPU is reachable, so these check only the adapters' own wiring (argument order, layouts, the
-# MLA page lists) against a stand-in that implements AITER's documented semantics with our torch
-# references. They say nothing about AITER itself.
+def test_an_implementation_must_match_the_op_signature():
+    def scale_rows(x: torch.Tensor, factor: float = 1.0, *, out: torch.Tensor | None = None):
+        """The op's signature."""
+
+    op = Op(scale_rows)
+    op.register("torch")(lambda x, factor=1.0, *, out=None: x * factor)
+    mismatches = [
+        lambda x, scale=1.0, *, out=None: x,  # name
+        lambda factor, x, *, out=None: x,  # order
+        lambda x, factor=1.0, out=None: x,  # kind
+        lambda x, factor=2.0, *, out=None: x,  # default
+        lambda x, factor=1.0: x,  # missing parameter
+    ]
+    for fn in mismatches:
+        with pytest.raises(TypeError, match="op scale_rows: the triton implementation"):
+            op.register("triton")(fn)
+    assert set(op.impls) == {"torch"}
 
 
-def _fake_mla_decode_fwd(
-    q,
-    kv_buffer,
-    o,
-    qo_indptr,
-    kv_indptr,
-    kv_indices,
-    kv_last_page_lens,
-    max_seqlen_q,
-    page_size,
-    nhead_kv,
-    sm_scale,
-):
-    from atom_kernels.attention import attend_one_sequence
-
-    rank = o.shape[-1]
-    for i in range(qo_indptr.shape[0] - 1):
-        pages = kv_indices[kv_indptr[i] : kv_indptr[i + 1]].long()
-        length = (pages.numel() - 1) * page_size + int(kv_last_page_lens[i])
-        latent = kv_buffer[pages].flatten(0, 1)[:length].squeeze(1).unsqueeze(1)
-        qs, qe = int(qo_indptr[i]), int(qo_indptr[i + 1])
-        o[qs:qe] = attend_one_sequence(
-            q[qs:qe], latent, latent[..., :rank], sm_scale, True, None, None
-        )
+def test_ops_carry_their_stub_signature_and_docs():
+    for name, op in OPS.items():
+        for backend, fn in op.impls.items():
+            assert inspect.signature(fn).parameters.keys() == op.__signature__.parameters.keys()
+        assert op.__doc__, name
+    assert str(inspect.signature(atom_kernels.rms_norm)).startswith("(x: 'torch.Tensor'")
 
 
-@pytest.fixture
-def fake_aiter(monkeypatch):
-    from atom_kernels import moe, norm
-
-    aiter = types.ModuleType("aiter")
-    aiter.rmsnorm2d_fwd = norm.rms_norm_torch
-
-    def rmsnorm2d_fwd_with_add(out, x, residual_in, residual_out, weight, eps):
-        y, summed = norm.fused_add_rms_norm_torch(x, residual_in, weight, eps)
-        out.copy_(y)
-        residual_out.copy_(summed)
-
-    def topk_softmax(weights, ids, token_expert_indices, logits, renormalize):
-        w, i = moe.topk_softmax_torch(logits, weights.shape[1], renormalize)
-        weights.copy_(w)
-        ids.copy_(i)
-
-    aiter.rmsnorm2d_fwd_with_add = rmsnorm2d_fwd_with_add
-    aiter.silu_and_mul = lambda out, x: out.copy_(impl("silu_and_mul", "torch")(x))
-    aiter.topk_softmax = topk_softmax
-    mla = types.ModuleType("aiter.mla")
-    mla.mla_decode_fwd = _fake_mla_decode_fwd
-    aiter.mla = mla
-    monkeypatch.setitem(sys.modules, "aiter", aiter)
-    monkeypatch.setitem(sys.modules, "aiter.mla", mla)
-    return aiter
+def test_custom_op_schemas_follow_the_stubs():
+    schema = torch.ops.atom.fused_moe.default._schema
+    assert [a.name for a in schema.arguments] == list(atom_kernels.fused_moe.__signature__.parameters)
+    assert [a.kwarg_only for a in schema.arguments][5:] == [True] * 6
 
 
-def test_aiter_adapters_wiring(fake_aiter):
-    x, residual, weight = rand(3, 5, 64), rand(3, 5, 64), rand(64)
-    assert_close(
-        impl("rms_norm", "aiter")(x, weight, 1e-6),
-        impl("rms_norm", "torch")(x, weight, 1e-6),
-        torch.float32,
-    )
-    for got, want in zip(
-        impl("fused_add_rms_norm", "aiter")(x, residual, weight, 1e-6),
-        impl("fused_add_rms_norm", "torch")(x, residual, weight, 1e-6),
-        strict=True,
-    ):
-        assert_close(got, want, torch.float32)
-    gate_up = rand(4, 64)
-    assert_close(
-        impl("silu_and_mul", "aiter")(gate_up),
-        impl("silu_and_mul", "torch")(gate_up),
-        torch.float32,
-    )
-    logits = rand(6, 16)
-    for got, want in zip(
-        impl("topk_softmax", "aiter")(logits, 3, True),
-        impl("topk_softmax", "torch")(logits, 3, True),
-        strict=True,
-    ):
-        assert torch.equal(got, want)
-
-
-def test_aiter_mla_adapter_builds_page_lists(fake_aiter):
-    seq_lens = [50, 3, 17]
-    block_table, num_blocks = paged_layout(seq_lens, 16)
-    kv_cache, q = rand(num_blocks, 16, 80), rand(3, 4, 80)
-    args = (
-        q,
-        kv_cache,
-        cu_seqlens([1, 1, 1]),
-        torch.tensor(seq_lens, device=DEVICE),
-        block_table,
-        0.1,
-        64,
-    )
-    assert_close(
-        impl("mla_decode", "aiter")(*args), impl("mla_decode", "torch")(*args), torch.float32
-    )
-
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")
+def test_warm_up_fused_moe_has_nothing_to_compile_off_cuda():
+    assert atom_kernels.warm_up_fused_moe(rand(4, 64, 32), rand(4, 32, 32), 2) is None

@@ -3,6 +3,7 @@
 import json
 
 import torch
+
 from atom_kernels import tuned
 from atom_kernels.attention import attention_shape_key
 from atom_kernels.moe import moe_shape_key

@@ -1,10 +1,11 @@
 import os
 import sys
 
+from sglang_testing import SUPPORT_DIR
+
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fixtures import tiny_model_dir  # noqa: F401  (shared fixture)
 from atom_core.testing.tiny_models import TINY_CONFIGS
-from sglang_testing import SUPPORT_DIR
 
 # Tests that import SGLang in this process (no engine) need its CPU mode and the sgl_kernel stand-in.
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")

@@ -14,10 +14,10 @@ for the parity families. Their logs show which classes served.
 import random
 
 import pytest
-
-from atom_core.testing.reference import hf_greedy
 from conftest import TINY_OVERRIDES, atom_only_architectures, parity_architectures
 from sglang_testing import run_sglang
+
+from atom_core.testing.reference import hf_greedy
 
 pytestmark = pytest.mark.sglang
 

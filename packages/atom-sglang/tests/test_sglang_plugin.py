@@ -7,9 +7,9 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
+from sglang_testing import TESTS_DIR, run_parallel
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
-from sglang_testing import TESTS_DIR, run_parallel
 
 pytestmark = pytest.mark.sglang
 
@@ -79,3 +79,23 @@ def test_user_model_package_keeps_precedence(probes):
     modules = report["model_modules"]
     assert modules.pop("Qwen3ForCausalLM") == "user_models.qwen3"
     assert modules == {a: ATOM_MODULE for a in SUPPORTED_ARCHITECTURES if a != "Qwen3ForCausalLM"}
+
+
+def test_installed_sglang_is_the_pinned_one():
+    from atom_sglang.version import REQUIRED_SGLANG, SGLANG_RELEASE
+
+    assert SGLANG_RELEASE.installed_version().split("+")[0] == REQUIRED_SGLANG
+    SGLANG_RELEASE.check()
+
+
+@pytest.mark.parametrize("found", ["0.5.16", "0.5.18", "0.6.0"])
+def test_other_sglang_versions_are_refused_naming_the_needed_one(found, monkeypatch):
+    from atom_core.hosting.version import HostVersionError
+    from atom_sglang.version import SGLANG_RELEASE
+
+    monkeypatch.delenv("ATOM_SKIP_SGLANG_VERSION_CHECK", raising=False)
+    with pytest.raises(HostVersionError, match=rf"atom-sglang needs SGLang 0\.5\.17, found SGLang {found}\. "
+                                               r"Install sglang==0\.5\.17, or set ATOM_SKIP_SGLANG_VERSION_CHECK=1"):
+        SGLANG_RELEASE.check(found)
+    monkeypatch.setenv("ATOM_SKIP_SGLANG_VERSION_CHECK", "1")
+    SGLANG_RELEASE.check(found)

@@ -11,9 +11,9 @@ import time
 import urllib.request
 
 import pytest
+from sglang_testing import sglang_env
 
 from atom_core.testing.reference import hf_greedy
-from sglang_testing import sglang_env
 
 pytestmark = pytest.mark.sglang
 

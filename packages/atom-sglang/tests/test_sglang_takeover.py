@@ -5,7 +5,6 @@ greedy tokens equal SGLang alone's. Here: a Llama with dynamic rope scaling, whi
 """
 
 import pytest
-
 from sglang_testing import run_sglang
 
 pytestmark = pytest.mark.sglang

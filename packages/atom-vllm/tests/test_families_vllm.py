@@ -1,4 +1,4 @@
-"""Llama, Mixtral, GLM-4-MoE and GPT-OSS through the real vLLM engine (CPU build), greedy, fp32.
+"""Llama, Mixtral, GLM-4-MoE and GPT-OSS through the real vLLM engine, greedy, fp32.
 
 One tiny config per family exercises all its features (see atom_core.testing.tiny_models and
 atom-core's test_families.py): llama3 rope and biases; Mixtral's sliding window of 16 on every
@@ -8,25 +8,26 @@ GPT-OSS's alternating window-8 / full layers, sinks, biased router and experts, 
 Per family, one vLLM+ATOM run covers: 32 new tokens for prompts of 1 to 70 tokens, prefilled in
 16-token chunks next to running decodes (chunked prefill), then prompts that share a 48-token prefix
 with the first ones (prefix cache). It must equal HF transformers token for token, and so must
-vLLM's own implementation where it runs on CPU. GPT-OSS also runs at TP=2 (two CPU workers, gloo).
+vLLM's own implementation where it runs. GPT-OSS also runs at TP=2 (two CPU workers over gloo, or
+two GPUs over NCCL).
 """
 
 import os
 
 import pytest
 import torch
+from test_vllm_parity import ATOM_IMPL, MAX_TOKENS, VLLM_CPU_IMPL, make_prompts, parity_case, tokens_of
 from transformers import AutoConfig
 from vllm.config import set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm_testing import hf_greedy, run_vllm
 
 from atom_core import Config
 from atom_core.layers.attention import get_attention_factory, set_attention_factory
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
 from atom_vllm.attention.mha import ATOMAttentionImpl
 from atom_vllm.host_hooks import vllm_attention
-from vllm_testing import hf_greedy, run_vllm
-from test_vllm_parity import ATOM_IMPL, MAX_TOKENS, VLLM_CPU_IMPL, make_prompts, parity_case, tokens_of
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +36,7 @@ CHUNKED = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
 # vLLM 0.26's CPU attention kernel takes sinks only in bf16 ("expected scalar type BFloat16 but found
 # Float" from cpu_attention_with_kv_cache), so its GPT-OSS cannot run the fp32 comparison; in bf16
 # neither it nor ATOM keeps HF's fp32 greedy tokens on a tiny random model (near-ties).
-NATIVE_UNAVAILABLE = {"GptOssForCausalLM": "vLLM's CPU attention needs bf16 sinks: no fp32 native run"}
+NATIVE_UNAVAILABLE_ON_CPU = {"GptOssForCausalLM": "vLLM's CPU attention needs bf16 sinks: no fp32 native run"}
 
 
 def wrapper_of(architecture: str) -> str:
@@ -62,18 +63,27 @@ def test_atom_matches_hf_with_chunked_prefill_and_prefix_cache(case):
 
 def test_native_vllm_matches_hf(case):
     architecture, model, phases, expected = case
-    if architecture in NATIVE_UNAVAILABLE:
-        pytest.skip(NATIVE_UNAVAILABLE[architecture])
+    on_cuda = torch.cuda.is_available()
+    if not on_cuda and architecture in NATIVE_UNAVAILABLE_ON_CPU:
+        pytest.skip(NATIVE_UNAVAILABLE_ON_CPU[architecture])
     result = run_vllm(model, phases, MAX_TOKENS, env={"ATOM_DISABLE_VLLM_PLUGIN": "1"})
     model_class = result["served_by"]["model_class"]
     assert model_class.startswith("vllm.model_executor.models.") and model_class.endswith(architecture)
-    assert result["served_by"]["attention_impls"] == [VLLM_CPU_IMPL]
+    impls = result["served_by"]["attention_impls"]
+    if on_cuda:
+        # Whichever backend vLLM's CUDA platform picks for fp32: one of vLLM's, none of ATOM's.
+        assert impls and all(impl.startswith("vllm.") for impl in impls)
+    else:
+        assert impls == [VLLM_CPU_IMPL]
     assert tokens_of(result) == expected
 
 
 def test_gpt_oss_tensor_parallel_2(tiny_model_dir):
+    on_cuda = torch.cuda.is_available()
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    if on_cuda and torch.cuda.device_count() < 2:
+        pytest.skip("TP=2 on CUDA needs two GPUs")
+    if not on_cuda and len(cpus) < 2:
         pytest.skip("TP=2 on CPU needs two cores, one per worker")
     architecture = "GptOssForCausalLM"
     model = tiny_model_dir(architecture)
@@ -87,7 +97,7 @@ def test_gpt_oss_tensor_parallel_2(tiny_model_dir):
     )
     assert result["served_by"]["model_class"] == wrapper_of(architecture)
     assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
-    assert "backend=gloo" in result["log"]
+    assert f"backend={'nccl' if on_cuda else 'gloo'}" in result["log"]
     assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
     # Both workers built the ATOM model on their half: each holds well under the whole model.
     full = sum(p.numel() for p in whole_model(model).parameters())

@@ -15,7 +15,6 @@ import re
 import pytest
 import torch
 import triton
-
 from vllm_testing import run_vllm
 
 pytestmark = [

@@ -11,7 +11,7 @@ from vllm.v1.attention.selector import AttentionSelectorConfig
 import atom_kernels
 from atom_vllm.attention.mla import ATOMMLABackend, ATOMMLAMetadataBuilder
 from atom_vllm.platform import ATOMPlatform
-from atom_vllm.register import MLA_BACKEND
+from atom_vllm.register import MHA_BACKEND, MLA_BACKEND
 
 
 def common_metadata(query_lens: list[int], seq_lens: list[int]) -> CommonAttentionMetadata:
@@ -90,7 +90,9 @@ def test_latent_cache_layout():
 
 
 def mla_selector(**overrides) -> AttentionSelectorConfig:
-    settings = dict(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=True)
+    # Blocks of 64: a size every vLLM MLA backend on CUDA takes (FlashMLA and its sparse variant
+    # take only 64), so on a GPU the layers ATOM leaves to vLLM find a backend there.
+    settings = dict(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64, use_mla=True)
     return AttentionSelectorConfig(**{**settings, **overrides})
 
 
@@ -121,23 +123,29 @@ def test_platform_picks_atom_mla_for_atom_models(serving, architecture):
     assert ATOMPlatform.get_attn_backend_cls(None, mla_selector()) == MLA_BACKEND
 
 
+def assert_left_to_vllm(selector: AttentionSelectorConfig, cpu_error: str) -> None:
+    """ATOM deferred to vLLM: on a GPU, vLLM's own platform picks one of its MLA backends; on CPU,
+    vLLM's CPU platform refuses MLA itself."""
+    if torch.cuda.is_available():
+        assert ATOMPlatform.get_attn_backend_cls(None, selector) not in (MLA_BACKEND, MHA_BACKEND)
+    else:
+        with pytest.raises(NotImplementedError, match=cpu_error):
+            ATOMPlatform.get_attn_backend_cls(None, selector)
+
+
 @pytest.mark.parametrize("overrides", [{"kv_cache_dtype": "fp8"}, {"use_sparse": True}], ids=["fp8-cache", "sparse"])
 def test_platform_leaves_unsupported_mla_to_vllm(serving, overrides):
-    # vLLM's CPU platform then refuses MLA itself: proof that ATOM deferred.
     serving("DeepseekV3ForCausalLM")
-    with pytest.raises(NotImplementedError, match="not supported on CPU"):
-        ATOMPlatform.get_attn_backend_cls(None, mla_selector(**overrides))
+    assert_left_to_vllm(mla_selector(**overrides), "not supported on CPU")
 
 
 def test_platform_leaves_mla_of_models_atom_does_not_implement_to_vllm(serving):
     # Their MLA layers are vLLM's own MLAAttention, which cannot run ATOM's impl.
     serving("KimiLinearForCausalLM")
-    with pytest.raises(NotImplementedError, match="MLA is not supported on CPU"):
-        ATOMPlatform.get_attn_backend_cls(None, mla_selector())
+    assert_left_to_vllm(mla_selector(), "MLA is not supported on CPU")
 
 
 def test_platform_leaves_mla_to_vllm_when_atom_attention_is_disabled(serving, monkeypatch):
     serving("DeepseekV2ForCausalLM")
     monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN_ATTENTION", "1")
-    with pytest.raises(NotImplementedError, match="MLA is not supported on CPU"):
-        ATOMPlatform.get_attn_backend_cls(None, mla_selector())
+    assert_left_to_vllm(mla_selector(), "MLA is not supported on CPU")

@@ -2,7 +2,6 @@
 
 import pytest
 import requests
-
 from vllm_testing import openai_server
 
 pytestmark = pytest.mark.vllm

@@ -4,29 +4,30 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from atom_core.hosting.version import HostVersionError
 from atom_vllm import model_wrapper, register
-from atom_vllm.version import VllmVersionError, check_vllm_version, installed_vllm_version
+from atom_vllm.version import VLLM_RELEASE
 
 
 def test_installed_vllm_is_the_pinned_one():
-    assert installed_vllm_version().startswith("0.26.")
-    check_vllm_version()
+    assert VLLM_RELEASE.installed_version().startswith("0.26.")
+    VLLM_RELEASE.check()
 
 
 @pytest.mark.parametrize("found", ["0.25.2", "0.27.1", "1.0.0"])
 def test_other_vllm_versions_are_refused_naming_the_needed_one(found, monkeypatch):
     monkeypatch.delenv("ATOM_SKIP_VLLM_VERSION_CHECK", raising=False)
-    with pytest.raises(VllmVersionError, match=rf"needs vLLM 0\.26\.x .* found vLLM {found}"):
-        check_vllm_version(found)
+    with pytest.raises(HostVersionError, match=rf"needs vLLM 0\.26\.x .* found vLLM {found}"):
+        VLLM_RELEASE.check(found)
 
 
 def test_version_check_can_be_skipped_for_experiments(monkeypatch):
     monkeypatch.setenv("ATOM_SKIP_VLLM_VERSION_CHECK", "1")
-    check_vllm_version("0.27.1")
+    VLLM_RELEASE.check("0.27.1")
 
 
 def test_cpu_build_suffix_is_accepted():
-    check_vllm_version("0.26.0+cpu")
+    VLLM_RELEASE.check("0.26.0+cpu")
 
 
 def test_entry_points_are_installed():
@@ -44,11 +45,14 @@ def test_platform_plugin_returns_atom_platform_or_none(monkeypatch):
 
 
 def test_atom_platform_subclasses_the_builtin_platform():
-    from vllm.platforms.cpu import CpuPlatform
+    from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from atom_vllm.platform import ATOMPlatform
+    from atom_vllm.platform import ATOMPlatform, detect_builtin_platform_qualname
 
-    assert issubclass(ATOMPlatform, CpuPlatform)
+    # CpuPlatform on the CPU build, CudaPlatform on an NVIDIA machine, ...: whatever vLLM itself picks.
+    builtin = resolve_obj_by_qualname(detect_builtin_platform_qualname())
+    assert builtin.__name__ != "UnspecifiedPlatform"
+    assert issubclass(ATOMPlatform, builtin)
 
 
 def test_register_model_is_idempotent_and_overrides_supported_architectures(monkeypatch):

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from vllm_testing import openai_server
 
 from atom_core.testing.tiny_models import VOCAB_SIZE
-from vllm_testing import openai_server
 
 pytestmark = pytest.mark.vllm
 

@@ -17,14 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-
 from vllm.engine.arg_utils import EngineArgs
+from vllm_testing import VllmRunFailed, hf_greedy, run_vllm
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
 from atom_core.testing.tiny_models import VOCAB_SIZE
 from atom_vllm.config_translation import takeover_decision
-from vllm_testing import VllmRunFailed, hf_greedy, run_vllm
 
 pytestmark = pytest.mark.vllm
 

@@ -4,9 +4,8 @@ one attention split per layer, and a second engine start served from the compile
 import re
 
 import pytest
-
-from vllm_testing import hf_greedy, run_vllm
 from test_vllm_parity import MAX_TOKENS, make_prompts
+from vllm_testing import hf_greedy, run_vllm
 
 pytestmark = pytest.mark.vllm
 

@@ -8,7 +8,6 @@ in the path.
 import random
 
 import pytest
-
 from vllm_testing import hf_greedy, run_vllm
 
 pytestmark = pytest.mark.vllm

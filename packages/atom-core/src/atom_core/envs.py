@@ -1,10 +1,11 @@
-"""ATOM's environment switches that every host glue shares (read at call time, so tests can flip
-them). The glues' own switches (``atom_vllm.envs``, ``atom_sglang.envs``) parse flags with
-:func:`flag` as well."""
+"""ATOM's environment switches, read at call time so tests can flip them: the ones every host glue
+shares, and each glue's own three (:class:`HostSwitches`, which ``atom_vllm.envs`` and
+``atom_sglang.envs`` name for their host)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 
 def flag(name: str) -> bool:
@@ -16,3 +17,29 @@ def strict_takeover() -> bool:
     """ATOM_STRICT_TAKEOVER=1: where ATOM would hand a model back to the host (see
     :mod:`atom_core.hosting.takeover`), refuse to start instead, naming the reasons."""
     return flag("ATOM_STRICT_TAKEOVER")
+
+
+@dataclass(frozen=True)
+class HostSwitches:
+    """The switches of one host glue, named for the host (``VLLM``, ``SGLANG``):
+
+    - ``ATOM_DISABLE_<HOST>_PLUGIN=1``: the host runs exactly as if ATOM were not installed;
+    - ``ATOM_DISABLE_<HOST>_PLUGIN_ATTENTION=1``: ATOM models run on the host's own attention;
+    - ``ATOM_SKIP_<HOST>_VERSION_CHECK=1``: allow a host release other than the pinned one
+      (experiments only; see :mod:`atom_core.hosting.version`).
+    """
+
+    host: str
+
+    @property
+    def skip_version_check_name(self) -> str:
+        return f"ATOM_SKIP_{self.host}_VERSION_CHECK"
+
+    def plugin_disabled(self) -> bool:
+        return flag(f"ATOM_DISABLE_{self.host}_PLUGIN")
+
+    def attention_disabled(self) -> bool:
+        return flag(f"ATOM_DISABLE_{self.host}_PLUGIN_ATTENTION")
+
+    def version_check_skipped(self) -> bool:
+        return flag(self.skip_version_check_name)

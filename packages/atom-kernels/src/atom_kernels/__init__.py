@@ -4,14 +4,18 @@ Backends: ``aiter`` (AMD AITER on ROCm), ``triton`` (our kernels, NVIDIA and AMD
 reference, runs anywhere). See :mod:`atom_kernels.registry` for selection and overrides.
 """
 
-from atom_kernels import aiter_backend  # noqa: F401  (registers the aiter adapters; imports no aiter)
+# After the op modules: registers the aiter adapters (imports no aiter).
+# Last: wraps the ops defined above as torch.ops.atom.* for torch.compile.
+from atom_kernels import (
+    aiter,  # noqa: E402, F401, I001
+    opaque,  # noqa: E402, F401, I001
+)
 from atom_kernels.activation import clamped_swiglu, gelu_and_mul, silu_and_mul
 from atom_kernels.attention import paged_attention, varlen_attention
 from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
-from atom_kernels.comm import all_reduce, get_all_reduce, set_all_reduce
 from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
 from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
-from atom_kernels.moe import fused_moe, grouped_topk, topk_softmax
+from atom_kernels.moe import fused_moe, warm_up_fused_moe
 from atom_kernels.moe_align import moe_align_block_size
 from atom_kernels.norm import fused_add_rms_norm, rms_norm
 from atom_kernels.quant import per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
@@ -32,14 +36,11 @@ from atom_kernels.rope import (
     yarn_inv_freq,
     yarn_mscale,
 )
-
-# Last: wraps the ops defined above as torch.ops.atom.* for torch.compile.
-from atom_kernels import opaque  # noqa: E402, F401, I001
+from atom_kernels.routing import grouped_topk, topk_softmax
 
 __all__ = [
     "OPS",
     "BackendUnavailableError",
-    "all_reduce",
     "backend_report",
     "backend_report_line",
     "clamped_swiglu",
@@ -53,7 +54,6 @@ __all__ = [
     "fused_moe",
     "fused_qk_rope_concat_and_cache_mla",
     "gelu_and_mul",
-    "get_all_reduce",
     "grouped_topk",
     "llama3_inv_freq",
     "mla_decode",
@@ -67,10 +67,10 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
-    "set_all_reduce",
     "silu_and_mul",
     "topk_softmax",
     "varlen_attention",
+    "warm_up_fused_moe",
     "yarn_inv_freq",
     "yarn_mscale",
 ]

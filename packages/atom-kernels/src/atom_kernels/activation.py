@@ -17,17 +17,24 @@ import triton.language as tl
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
-silu_and_mul = define_op(
-    "silu_and_mul", "silu_and_mul(x[..., 2d]) -> silu(x[..., :d]) * x[..., d:]"
-)
-gelu_and_mul = define_op(
-    "gelu_and_mul",
-    "gelu_and_mul(x[..., 2d], approximate='none'|'tanh') -> gelu(x[..., :d]) * x[..., d:]",
-)
-clamped_swiglu = define_op(
-    "clamped_swiglu",
-    "clamped_swiglu(x[..., 2d], alpha=1.702, limit=7.0, interleaved=True) -> GPT-OSS gated activation",
-)
+
+@define_op
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` for ``x`` [..., 2d] = [gate | up]."""
+
+
+@define_op
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(x[..., :d]) * x[..., d:]``; ``approximate`` is ``"none"`` or ``"tanh"``."""
+
+
+@define_op
+def clamped_swiglu(
+    x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0, interleaved: bool = True
+) -> torch.Tensor:
+    """GPT-OSS's gated activation of ``x`` [..., 2d] (interleaved gate/up rows by default): gate
+    clamped above at ``limit``, up to [-limit, limit], ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+
 
 # Activation kinds, shared with the fused MoE kernel's epilogue.
 ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_CLAMPED_SWIGLU = 0, 1, 2, 3

@@ -29,15 +29,42 @@ from atom_kernels.triton_utils import (
 )
 from atom_kernels.tuned import tuned_config
 
-varlen_attention = define_op(
-    "varlen_attention",
-    "varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, sliding_window, sinks) -> out",
-)
-paged_attention = define_op(
-    "paged_attention",
-    "paged_attention(q, key_cache, value_cache, query_start_loc, seq_lens, block_table, scale, "
-    "sliding_window, sinks) -> out: queries are the last tokens of each sequence (decode, extend)",
-)
+
+@define_op
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention over packed variable-length sequences (prefill): q [T, H, D], k/v [S, KH, D]."""
+
+
+@define_op
+def paged_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention over the paged cache; the queries are the last tokens of each sequence (decode,
+    extend)."""
 
 
 def attend_one_sequence(

@@ -17,14 +17,25 @@ import triton.language as tl
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
-reshape_and_cache = define_op(
-    "reshape_and_cache",
-    "reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None (writes the caches)",
-)
-concat_and_cache_mla = define_op(
-    "concat_and_cache_mla",
-    "concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping) -> None (writes [kv_c | k_pe] per slot)",
-)
+
+@define_op
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write each token's key and value into the caches [num_blocks, block_size, kv_heads, head_dim]
+    at its slot; slot -1 is skipped."""
+
+
+@define_op
+def concat_and_cache_mla(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write ``[kv_c | k_pe]`` into each token's slot of the MLA cache
+    [num_blocks, block_size, kv_lora_rank + rope_dim]; slot -1 is skipped."""
 
 
 @reshape_and_cache.register("torch")

@@ -32,20 +32,43 @@ from atom_kernels.attention import (
 )
 from atom_kernels.cache import concat_and_cache_mla_torch
 from atom_kernels.registry import define_op
-from atom_kernels.rope import _rotate
+from atom_kernels.rope import rotate_torch
 from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, next_pow2
 
-mla_decode = define_op(
-    "mla_decode",
-    "mla_decode(q, kv_cache, query_start_loc, seq_lens, block_table, scale, kv_lora_rank) "
-    "-> out [T, H, kv_lora_rank]",
-)
-fused_qk_rope_concat_and_cache_mla = define_op(
-    "fused_qk_rope_concat_and_cache_mla",
-    "fused_qk_rope_concat_and_cache_mla(q_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, positions, "
-    "cos_sin_cache, is_neox) -> q_out [T, H, nope + rope] = [q_nope | rope(q_pe)]; writes "
-    "[kv_c | rope(k_pe)] to each token's slot",
-)
+
+@define_op
+def mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int,
+    *,
+    out: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """MLA over the latent cache: q [T, H, kv_lora_rank + rope_dim] -> out [T, H, kv_lora_rank]."""
+
+
+@define_op
+def fused_qk_rope_concat_and_cache_mla(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``q_out`` [T, H, nope + rope] = ``[q_nope | rope(q_pe)]``; writes ``[kv_c | rope(k_pe)]`` to
+    each token's cache slot."""
 
 
 @mla_decode.register("torch")
@@ -169,8 +192,8 @@ def fused_qk_rope_concat_and_cache_mla_torch(
     out = output_buffer(out, (*q_nope.shape[:2], nope_dim + q_pe.shape[-1]), q_nope)
     cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
     out[..., :nope_dim] = q_nope
-    out[..., nope_dim:] = _rotate(q_pe.float(), cos.unsqueeze(1), sin.unsqueeze(1), is_neox)
-    k_rot = _rotate(k_pe.float(), cos, sin, is_neox).to(k_pe.dtype)
+    out[..., nope_dim:] = rotate_torch(q_pe.float(), cos.unsqueeze(1), sin.unsqueeze(1), is_neox)
+    k_rot = rotate_torch(k_pe.float(), cos, sin, is_neox).to(k_pe.dtype)
     concat_and_cache_mla_torch(kv_c, k_rot, kv_cache, slot_mapping)
     return out
 
@@ -309,7 +332,7 @@ def fused_qk_rope_concat_and_cache_mla_triton(
 ) -> torch.Tensor:
     k_pe = _check_rope_cache_args(q_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, positions, cos_sin_cache)
     check_same_device(q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping,
-                      positions=positions, cos_sin_cache=cos_sin_cache)  # fmt: skip
+                      positions=positions, cos_sin_cache=cos_sin_cache)
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache)):
         check_last_dim_contiguous(name, t)
     if cos_sin_cache.stride(-1) != 1:

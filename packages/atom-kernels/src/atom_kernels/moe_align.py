@@ -13,14 +13,16 @@ import triton.language as tl
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import next_pow2
 
-moe_align_block_size = define_op(
-    "moe_align_block_size",
-    "moe_align_block_size(topk_ids, num_experts, block_m) -> (sorted_ids, block_expert): the (token, k)"
-    " entries grouped by expert, each expert's run padded to a multiple of block_m. sorted_ids holds"
-    " entry indices token * top_k + k (padding: topk_ids.numel()); block_expert is the expert of each"
-    " block_m rows (-1 past the last run). Sizes follow from the shapes alone (nothing is read back to"
-    " the host); the order of entries within a run is backend-defined.",
-)
+
+@define_op
+def moe_align_block_size(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted_ids, block_expert)``: the (token, k) entries grouped by expert, each expert's run
+    padded to a multiple of ``block_m``. ``sorted_ids`` holds entry indices ``token * top_k + k``
+    (padding: ``topk_ids.numel()``); ``block_expert`` is the expert of each ``block_m`` rows (-1 past
+    the last run). Sizes follow from the shapes alone (nothing is read back to the host); the order of
+    entries within a run is backend-defined."""
 
 
 @moe_align_block_size.register("torch")
@@ -64,7 +66,7 @@ def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
 #    rows finds its expert by binary search.
 # With one chunk (up to CHUNK entries: decode batches), _moe_align_one_chunk_kernel runs both steps in
 # one program. Not further: one program over 4096 entries (8 warps) took 21.0 us on an H200, three
-# launches 15.4 us (Qwen3-30B-A3B, 512 tokens; session 5).
+# launches 15.4 us (Qwen3-30B-A3B, 512 tokens; H200, 2026-11).
 
 
 @triton.jit

@@ -9,11 +9,18 @@ import triton.language as tl
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
-rms_norm = define_op("rms_norm", "rms_norm(x, weight, eps) -> y, normalised over the last dim")
-fused_add_rms_norm = define_op(
-    "fused_add_rms_norm",
-    "fused_add_rms_norm(x, residual, weight, eps) -> (rms_norm(x + residual), x + residual)",
-)
+
+@define_op
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x`` over its last dim, times ``weight``; ``x`` may be a strided [T, H, D] view
+    (per-head QK-norm), read in place."""
+
+
+@define_op
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)``."""
 
 
 @rms_norm.register("torch")
@@ -108,7 +115,7 @@ def _launch_rms_norm(
     block_r = max(1, min(64, 4096 // block_n))
     tile = block_r * block_n
     # The fused add on rows of 4096+ takes 16 warps: 66.7-67.0 vs 67.4-67.6 us at 8192 x 4096; plain
-    # RMSNorm keeps 8 (34.7-35.0 vs 38.4 us with 16). bench_kernels.py runs on H200s, session 5.
+    # RMSNorm keeps 8 (34.7-35.0 vs 38.4 us with 16). bench_kernels.py on H200s, 2026-11.
     num_warps = 16 if residual is not None and block_n >= 4096 else 8 if tile >= 4096 else 4
     grid = (triton.cdiv(num_rows, block_r),)
     if num_rows > 0:

@@ -39,38 +39,24 @@ def _routing(router_logits, top_k, *args, **kwargs):
             router_logits.new_empty(shape, dtype=torch.int32))
 
 
-# op name -> (schema after the name, fake impl)
-SCHEMAS: dict[str, tuple[str, Callable]] = {
-    "rms_norm": ("(Tensor x, Tensor weight, float eps) -> Tensor", _same_as_first),
-    "fused_add_rms_norm": (
-        "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)", _pair_like),
-    "rotary_embedding": (
-        "(Tensor positions, Tensor q, Tensor k, Tensor cos_sin_cache, int head_size, bool is_neox)"
-        " -> (Tensor, Tensor)", _rope),
-    "qk_norm_rope": (
-        "(Tensor positions, Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps,"
-        " Tensor cos_sin_cache, int head_size, bool is_neox) -> (Tensor, Tensor)", _rope),
-    "silu_and_mul": ("(Tensor x) -> Tensor", _gated),
-    "gelu_and_mul": ("(Tensor x, str approximate='none') -> Tensor", _gated),
-    "clamped_swiglu": (
-        "(Tensor x, float alpha=1.702, float limit=7.0, bool interleaved=True) -> Tensor", _gated),
-    "topk_softmax": ("(Tensor router_logits, int top_k, bool renormalize) -> (Tensor, Tensor)",
-                     _routing),
-    "grouped_topk": (
-        "(Tensor router_logits, int top_k, int num_expert_group, int topk_group, bool renormalize,"
-        " str scoring_func='sigmoid', Tensor? e_score_correction_bias=None,"
-        " float routed_scaling_factor=1.0) -> (Tensor, Tensor)", _routing),
-    "fused_moe": (
-        "(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, *,"
-        " str activation='silu', bool interleaved=False, Tensor? w13_bias=None,"
-        " Tensor? w2_bias=None, float swiglu_alpha=1.702, float swiglu_limit=7.0) -> Tensor",
-        _same_as_first),
+# The ops wrapped, each with its fake impl; the schema comes from the op's stub.
+FAKES: dict[str, Callable] = {
+    "rms_norm": _same_as_first,
+    "fused_add_rms_norm": _pair_like,
+    "rotary_embedding": _rope,
+    "qk_norm_rope": _rope,
+    "silu_and_mul": _gated,
+    "gelu_and_mul": _gated,
+    "clamped_swiglu": _gated,
+    "topk_softmax": _routing,
+    "grouped_topk": _routing,
+    "fused_moe": _same_as_first,
 }
 
 
-def _register(name: str, schema: str, fake: Callable) -> None:
+def _register(name: str, fake: Callable) -> None:
     op = OPS[name]
-    _library.define(name + schema)
+    _library.define(name + torch.library.infer_schema(op.stub, mutates_args=()))
 
     def run(*args, **kwargs):
         return op.dispatch(*args, **kwargs)
@@ -80,6 +66,5 @@ def _register(name: str, schema: str, fake: Callable) -> None:
     op.custom_op = getattr(torch.ops.atom, name)
 
 
-for _name, (_schema, _fake) in SCHEMAS.items():
-    if _name in OPS:
-        _register(_name, _schema, _fake)
+for _name, _fake in FAKES.items():
+    _register(_name, _fake)

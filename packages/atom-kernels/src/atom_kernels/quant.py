@@ -19,17 +19,26 @@ FP8_DTYPE = torch.float8_e4m3fn
 # The smallest amax a scale is computed from, so an all-zero row gets a finite scale.
 MIN_AMAX = 1e-10
 
-per_tensor_quant_fp8 = define_op(
-    "per_tensor_quant_fp8",
-    "per_tensor_quant_fp8(x, scale=None) -> (q fp8, scale [1]); dynamic when scale is None",
-)
-per_token_quant_fp8 = define_op(
-    "per_token_quant_fp8", "per_token_quant_fp8(x) -> (q fp8, scale [M, 1])"
-)
-per_group_quant_fp8 = define_op(
-    "per_group_quant_fp8",
-    "per_group_quant_fp8(x, group_size=128) -> (q fp8, scale [M, K / group_size])",
-)
+
+@define_op
+def per_tensor_quant_fp8(
+    x: torch.Tensor, scale: torch.Tensor | None = None, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q fp8, scale [1])``; dynamic when ``scale`` is None."""
+
+
+@define_op
+def per_token_quant_fp8(
+    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q fp8, scale [M, 1])``, dynamic."""
+
+
+@define_op
+def per_group_quant_fp8(
+    x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q fp8, scale [M, K / group_size])``, dynamic."""
 
 
 def _fp8_max(dtype: torch.dtype) -> float:

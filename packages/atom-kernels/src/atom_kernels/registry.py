@@ -1,19 +1,33 @@
 """Backend registry: one public function per op, several implementations behind it.
 
-Each op is an :class:`Op`. Backends register implementations with ``@OP.register("torch")``.
-A call dispatches on the device type of its first tensor argument; the chosen backend per
-(op, device type) is cached.
+An op is defined once, by a typed stub whose signature and docstring are the op's public API::
 
-Selection order: per-op env ``ATOM_KERNEL_BACKEND_<OP>`` (e.g. ``ATOM_KERNEL_BACKEND_RMS_NORM``),
-then ``ATOM_KERNEL_BACKEND`` for all ops, then the first available of ``aiter``, ``triton``,
-``torch``. A backend that was asked for explicitly but cannot run on the device raises
-:class:`BackendUnavailableError`; with no request, unavailable backends are skipped.
+    @define_op
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        '''RMSNorm over the last dim.'''
+
+Backends register implementations with ``@rms_norm.register("triton")``; an implementation whose
+parameters differ from the stub's (names, order, kinds, defaults) is an error at import time. The
+torch custom op of :mod:`atom_kernels.opaque` is derived from the same stub.
+
+A call dispatches on the device type of its first tensor argument; the chosen backend per
+(op, device type) is cached. Selection:
+
+1. ``ATOM_KERNEL_BACKEND_<OP>`` (e.g. ``ATOM_KERNEL_BACKEND_RMS_NORM``) forces one backend for one
+   op; an op without that backend raises :class:`BackendUnavailableError`.
+2. ``ATOM_KERNEL_BACKEND`` forces one backend for every op that has it; an op without it keeps its
+   default selection (rule 3), and :func:`backend_report_line` says which ops did.
+3. Otherwise the first available of ``aiter``, ``triton``, ``torch``.
+
+A forced backend that the op has but that cannot run on the device (``aiter`` off ROCm, ``triton``
+on CPU without the interpreter) raises :class:`BackendUnavailableError`.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -49,21 +63,26 @@ def backend_available(backend: str, device_type: str) -> bool:
     raise ValueError(f"unknown kernel backend {backend!r}; known: {', '.join(BACKENDS)}")
 
 
-def _requested_backend(op_name: str) -> str | None:
-    value = os.environ.get(f"ATOM_KERNEL_BACKEND_{op_name.upper()}") or os.environ.get(
-        "ATOM_KERNEL_BACKEND"
-    )
-    if value and value not in BACKENDS:
-        raise ValueError(f"ATOM_KERNEL_BACKEND={value!r} for op {op_name}: expected one of {BACKENDS}")
-    return value or None
+def _env_backend(variable: str) -> str | None:
+    value = os.environ.get(variable) or None
+    if value is not None and value not in BACKENDS:
+        raise ValueError(f"{variable}={value!r}: expected one of {BACKENDS}")
+    return value
+
+
+def _parameters(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
+    """(name, kind, default) of each parameter: what an implementation must share with its stub."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
 class Op:
-    """A named op with per-backend implementations and cached per-device selection."""
+    """A named op: the stub's signature and docstring, per-backend implementations, cached selection."""
 
-    def __init__(self, name: str, doc: str = ""):
-        self.name = name
-        self.__doc__ = doc
+    def __init__(self, stub: Callable[..., Any]):
+        self.name = stub.__name__
+        self.stub = stub
+        self.__doc__ = stub.__doc__
+        self.__signature__ = inspect.signature(stub)
         self.impls: dict[str, Callable[..., Any]] = {}
         self._chosen: dict[str, Callable[..., Any]] = {}
         # torch.ops.atom.<name>, set for ops that models call inside torch.compile'd code
@@ -75,26 +94,39 @@ class Op:
             raise ValueError(f"unknown kernel backend {backend!r}")
 
         def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+            expected, got = _parameters(self.stub), _parameters(fn)
+            if got != expected:
+                raise TypeError(
+                    f"op {self.name}: the {backend} implementation {fn.__qualname__}"
+                    f"{inspect.signature(fn)} does not match the op's signature "
+                    f"{self.name}{self.__signature__}"
+                )
             self.impls[backend] = fn
             self._chosen.clear()
             return fn
 
         return decorator
 
+    def requested(self) -> tuple[str | None, str | None]:
+        """(backend, the variable that asked for it), or (None, None) when nothing forces one."""
+        for variable in (f"ATOM_KERNEL_BACKEND_{self.name.upper()}", "ATOM_KERNEL_BACKEND"):
+            backend = _env_backend(variable)
+            if backend is not None:
+                return backend, variable
+        return None, None
+
     def select(self, device_type: str) -> str:
-        """The backend this op uses for tensors on ``device_type``."""
-        requested = _requested_backend(self.name)
+        """The backend this op uses for tensors on ``device_type`` (the rules of the module doc)."""
+        requested, variable = self.requested()
+        if variable == "ATOM_KERNEL_BACKEND" and requested not in self.impls:
+            requested = None  # rule 2: the global request skips ops without that backend
         if requested is not None:
             if requested not in self.impls:
-                if requested == "aiter" or requested == "triton":
-                    # An op without such a kernel falls back to the reference rather than failing
-                    # the whole model: the report shows which ops did.
-                    return "torch"
-                raise BackendUnavailableError(f"op {self.name} has no {requested} backend")
+                raise BackendUnavailableError(f"op {self.name} has no {requested} backend ({variable})")
             if not backend_available(requested, device_type):
                 raise BackendUnavailableError(
-                    f"kernel backend {requested!r} requested for op {self.name} "
-                    f"(ATOM_KERNEL_BACKEND) is not available on device type {device_type!r}"
+                    f"kernel backend {requested!r} requested for op {self.name} ({variable}) "
+                    f"is not available on device type {device_type!r}"
                 )
             return requested
         for backend in BACKENDS:
@@ -131,10 +163,11 @@ def _first_tensor_device_type(args: tuple, kwargs: dict) -> str:
 OPS: dict[str, Op] = {}
 
 
-def define_op(name: str, doc: str = "") -> Op:
-    if name in OPS:
-        raise ValueError(f"op {name} defined twice")
-    OPS[name] = op = Op(name, doc)
+def define_op(stub: Callable[..., Any]) -> Op:
+    """Define the op named after ``stub``, with its signature and docstring."""
+    if stub.__name__ in OPS:
+        raise ValueError(f"op {stub.__name__} defined twice")
+    OPS[stub.__name__] = op = Op(stub)
     return op
 
 
@@ -152,5 +185,11 @@ def backend_report(device_type: str | None = None) -> dict[str, str]:
 
 
 def backend_report_line(device_type: str | None = None) -> str:
-    report = backend_report(device_type)
-    return "atom kernels: " + ", ".join(f"{op}={backend}" for op, backend in report.items())
+    """One log line of :func:`backend_report`; an op that ``ATOM_KERNEL_BACKEND`` could not force
+    (it has no such backend) is marked ``(no <backend>)``."""
+    entries = []
+    for name, backend in backend_report(device_type).items():
+        requested, _ = OPS[name].requested()
+        missing = requested is not None and requested not in OPS[name].impls
+        entries.append(f"{name}={backend}" + (f" (no {requested})" if missing else ""))
+    return "atom kernels: " + ", ".join(entries)

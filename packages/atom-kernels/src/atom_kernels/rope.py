@@ -19,15 +19,33 @@ from atom_kernels.norm import rms_norm_torch
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
-rotary_embedding = define_op(
-    "rotary_embedding",
-    "rotary_embedding(positions, q, k, cos_sin_cache, head_size, is_neox) -> (q, k)",
-)
-qk_norm_rope = define_op(
-    "qk_norm_rope",
-    "qk_norm_rope(positions, q, k, q_weight, k_weight, eps, cos_sin_cache, head_size, is_neox)"
-    " -> (q, k): rms_norm over each head of q and of k, then rotary_embedding",
-)
+
+@define_op
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """New ``(q, k)`` rotated at ``positions``; ``cos_sin_cache`` is [max_position, rot] of
+    [cos | sin] halves (``rot < head_size``: partial rotary); neox or gptj pairing."""
+
+
+@define_op
+def qk_norm_rope(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over each head of q and of k (Qwen3's QK-norm), then :func:`rotary_embedding`."""
 
 
 def default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
@@ -119,7 +137,11 @@ def deepseek_yarn_mscale(
     return yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim) * attn_factor
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+def rotate_torch(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
+) -> torch.Tensor:
+    """The reference rotation of ``x`` [..., rot] by ``cos``/``sin`` [..., rot / 2] (neox: halves
+    paired; gptj: neighbours), shared with MLA's reference."""
     if is_neox:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -142,7 +164,7 @@ def rotary_embedding_torch(
 
     def apply(x: torch.Tensor) -> torch.Tensor:
         heads = x.reshape(x.shape[0], -1, head_size)
-        rot = _rotate(heads[..., :rotary_dim].float(), cos, sin, is_neox).to(x.dtype)
+        rot = rotate_torch(heads[..., :rotary_dim].float(), cos, sin, is_neox).to(x.dtype)
         return torch.cat([rot, heads[..., rotary_dim:]], dim=-1).reshape(x.shape)
 
     return apply(q), apply(k)

@@ -1,4 +1,4 @@
-"""SGLang ServerArgs + ModelConfig -> atom_core Config, as one pure function.
+"""SGLang ModelConfig -> atom_core Config, as one pure function.
 
 | ATOM Config field        | from SGLang                                                    |
 |--------------------------|----------------------------------------------------------------|
@@ -6,18 +6,7 @@
 | hf_config                | the HF config SGLang hands the model class, unpadded (below)   |
 | torch_dtype              | model_config.dtype                                             |
 | max_model_len            | model_config.context_len                                       |
-| max_num_batched_tokens   | server_args.chunked_prefill_size (max_prefill_tokens if off)   |
-| max_num_seqs             | server_args.max_running_requests (ATOM default while unset)    |
-| gpu_memory_utilization   | server_args.mem_fraction_static (ATOM default while unset)     |
-| tensor_parallel_size     | server_args.tp_size                                            |
-| kv_cache_block_size      | server_args.page_size                                          |
-| num_kvcache_blocks       | -1: SGLang sizes its KV pool after the model is built          |
-| kv_cache_dtype           | server_args.kv_cache_dtype                                     |
-| enable_prefix_caching    | not server_args.disable_radix_cache                            |
-| enable_expert_parallel   | server_args.ep_size > 1                                        |
 | compilation level        | always 0: torch.compile and CUDA graphs are SGLang's           |
-| enforce_eager            | always True, same reason                                       |
-| plugin_config            | is_sglang, rank = TP rank, model_config = SGLang's ModelConfig |
 
 On ``--device cpu`` SGLang pads the HF config in place before building the model
 (``adjust_config_with_unaligned_cpu_tp``): MLP/expert intermediate sizes up to a multiple of 32 x TP,
@@ -31,7 +20,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from atom_core.config import CompilationConfig, Config, PluginConfig
+from atom_core.config import Config
 from atom_core.hosting.takeover import HostedModel, TakeoverDecision, decide_takeover
 
 
@@ -82,29 +71,10 @@ def unpadded_hf_config(hf_config: Any) -> Any:
     return config
 
 
-def atom_config_from_sglang(server_args: Any, model_config: Any, hf_config: Any, tp_rank: int) -> Config:
-    optional = {}
-    if server_args.max_running_requests is not None:
-        optional["max_num_seqs"] = server_args.max_running_requests
-    if server_args.mem_fraction_static is not None:
-        optional["gpu_memory_utilization"] = server_args.mem_fraction_static
-    chunk = server_args.chunked_prefill_size
+def atom_config_from_sglang(model_config: Any, hf_config: Any) -> Config:
     return Config(
         model=model_config.model_path,
         hf_config=unpadded_hf_config(hf_config),
         torch_dtype=model_config.dtype,
-        max_num_batched_tokens=chunk if chunk is not None and chunk > 0 else server_args.max_prefill_tokens,
         max_model_len=model_config.context_len,
-        tensor_parallel_size=server_args.tp_size,
-        enforce_eager=True,
-        kv_cache_block_size=server_args.page_size,
-        num_kvcache_blocks=-1,
-        kv_cache_dtype=server_args.kv_cache_dtype,
-        enable_prefix_caching=not server_args.disable_radix_cache,
-        enable_expert_parallel=server_args.ep_size > 1,
-        compilation_config=CompilationConfig(),
-        plugin_config=PluginConfig(
-            model_config=model_config, rank=tp_rank, is_plugin_mode=True, is_sglang=True
-        ),
-        **optional,
     )

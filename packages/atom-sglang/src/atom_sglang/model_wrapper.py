@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from atom_core.hosting.build import build_atom_model
-from atom_core.hosting.takeover import report_hand_back
+from atom_core.hosting.takeover import new_wrapper_or_host_model
 from atom_sglang.config_translation import atom_config_from_sglang, takeover_decision
 from atom_sglang.host_hooks import bind_forward_batch, install_sglang_hooks
 
@@ -40,27 +40,21 @@ class ATOMForCausalLM(nn.Module):
         from sglang.srt.server_args import get_global_server_args
 
         server_args = get_global_server_args()
-        decision = takeover_decision(server_args, server_args.get_model_config())
-        if decision.atom_serves:
-            return super().__new__(cls)
-        report_hand_back(decision)
-        # Not an instance of cls, so Python skips __init__: SGLang gets its own model.
-        return host_model_class(cls.__name__)(config=config, quant_config=quant_config, prefix=prefix)
+        return new_wrapper_or_host_model(
+            cls,
+            takeover_decision(server_args, server_args.get_model_config()),
+            lambda: host_model_class(cls.__name__)(config=config, quant_config=quant_config, prefix=prefix),
+        )
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
-        from sglang.srt.distributed import get_tensor_model_parallel_rank
         from sglang.srt.layers.logits_processor import LogitsProcessor
         from sglang.srt.server_args import get_global_server_args
 
-        server_args = get_global_server_args()
         self.config = config  # SGLang's model convention (its loader and LoRA read model.config)
         install_sglang_hooks()
-        atom_config = atom_config_from_sglang(
-            server_args, server_args.get_model_config(), config, get_tensor_model_parallel_rank()
-        )
+        atom_config = atom_config_from_sglang(get_global_server_args().get_model_config(), config)
         self.model = build_atom_model(atom_config, type(self).__name__, "SGLang", prefix)
-        self.atom_config = self.model.config
         self.logits_processor = LogitsProcessor(config)
 
     def get_input_embeddings(self) -> nn.Module:

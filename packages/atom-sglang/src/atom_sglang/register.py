@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import sys
 
+from atom_core.hosting.version import HostVersionError
 from atom_core.log import logger
 from atom_sglang import envs
-from atom_sglang.version import SglangVersionError, check_sglang_version
+from atom_sglang.version import SGLANG_RELEASE
 
 MODELS_PACKAGE = "atom_sglang.models"
 EXTERNAL_MODEL_PACKAGE = "SGLANG_EXTERNAL_MODEL_PACKAGE"
@@ -27,8 +28,8 @@ def register_plugin() -> None:
     if _registered:
         return
     try:
-        check_sglang_version()
-    except SglangVersionError as exc:
+        SGLANG_RELEASE.check()
+    except HostVersionError as exc:
         # SGLang logs and swallows plugin exceptions; say it plainly and stay out of the way.
         logger.error("SGLang plugin not activated: %s", exc)
         return

@@ -1,22 +1,9 @@
-"""Environment switches of the vLLM plugin (read at call time, so tests can flip them)."""
+"""Environment switches of the vLLM plugin: ATOM_DISABLE_VLLM_PLUGIN, ATOM_DISABLE_VLLM_PLUGIN_ATTENTION
+(ATOM models on vLLM's own attention backend) and ATOM_SKIP_VLLM_VERSION_CHECK
+(atom_core.envs.HostSwitches says what each does)."""
 
-import os
+from atom_core.envs import HostSwitches
 
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0").lower() in ("1", "true", "yes")
-
-
-def plugin_disabled() -> bool:
-    """ATOM_DISABLE_VLLM_PLUGIN=1: vLLM runs exactly as if ATOM were not installed."""
-    return _flag("ATOM_DISABLE_VLLM_PLUGIN")
-
-
-def attention_disabled() -> bool:
-    """ATOM_DISABLE_VLLM_PLUGIN_ATTENTION=1: ATOM models run on vLLM's own attention backend."""
-    return _flag("ATOM_DISABLE_VLLM_PLUGIN_ATTENTION")
-
-
-def version_check_skipped() -> bool:
-    """ATOM_SKIP_VLLM_VERSION_CHECK=1: allow a vLLM other than the pinned one (experiments only)."""
-    return _flag("ATOM_SKIP_VLLM_VERSION_CHECK")
+SWITCHES = HostSwitches("VLLM")
+plugin_disabled = SWITCHES.plugin_disabled
+attention_disabled = SWITCHES.attention_disabled

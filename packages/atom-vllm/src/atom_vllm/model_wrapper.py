@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from atom_core.hosting.build import build_atom_model
-from atom_core.hosting.takeover import report_hand_back
-from atom_vllm import envs
+from atom_core.hosting.takeover import new_wrapper_or_host_model
 from atom_vllm.config_translation import atom_config_from_vllm, takeover_decision
 from atom_vllm.host_hooks import install_vllm_hooks
 
@@ -39,23 +38,19 @@ def build_host_model(vllm_config, prefix: str) -> nn.Module:
 
 class ATOMModelBase(nn.Module):
     def __new__(cls, *, vllm_config, prefix: str = ""):
-        decision = takeover_decision(vllm_config)
-        if decision.atom_serves:
-            return super().__new__(cls)
-        report_hand_back(decision)
-        # Not an instance of cls, so Python skips __init__: vLLM gets its own model.
-        return build_host_model(vllm_config, prefix)
+        return new_wrapper_or_host_model(
+            cls, takeover_decision(vllm_config), lambda: build_host_model(vllm_config, prefix)
+        )
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         install_vllm_hooks(vllm_config)
         self.model = build_atom_model(
-            atom_config_from_vllm(vllm_config, use_atom_attention=not envs.attention_disabled()),
+            atom_config_from_vllm(vllm_config),
             vllm_config.model_config.architectures[0],
             "vLLM",
             prefix,
         )
-        self.atom_config = self.model.config
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)

@@ -3,9 +3,10 @@ and cheap (no model or kernel imports here)."""
 
 from __future__ import annotations
 
+from atom_core.hosting.version import HostVersionError
 from atom_core.log import logger
 from atom_vllm import envs
-from atom_vllm.version import VllmVersionError, check_vllm_version
+from atom_vllm.version import VLLM_RELEASE
 
 PLATFORM_QUALNAME = "atom_vllm.platform.ATOMPlatform"
 DENSE_WRAPPER = "atom_vllm.model_wrapper:ATOMForCausalLM"
@@ -21,8 +22,8 @@ def register_platform() -> str | None:
     if envs.plugin_disabled():
         return None
     try:
-        check_vllm_version()
-    except VllmVersionError as exc:
+        VLLM_RELEASE.check()
+    except HostVersionError as exc:
         # vLLM swallows exceptions from platform plugins; say it loudly and do not activate.
         logger.error("platform plugin not activated: %s", exc)
         return None
@@ -34,7 +35,7 @@ def register_model() -> None:
     global _registered_models
     if envs.plugin_disabled() or _registered_models:
         return
-    check_vllm_version()
+    VLLM_RELEASE.check()
     from vllm import ModelRegistry
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 

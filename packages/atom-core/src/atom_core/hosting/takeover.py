@@ -155,3 +155,14 @@ def report_hand_back(decision: TakeoverDecision) -> None:
     """For a model the host serves itself: the one INFO line saying why (or the strict error)."""
     enforce_strict(decision)
     logger.info(decision.hand_back_line())
+
+
+def new_wrapper_or_host_model(cls: type, decision: TakeoverDecision,
+                              host_model: Callable[[], Any]) -> Any:
+    """What a glue's model wrapper ``cls.__new__`` returns: a new ``cls`` where ATOM serves, else,
+    after the hand-back line, ``host_model()``, the host's own model. That is no instance of
+    ``cls``, so Python skips ``cls.__init__`` and the host gets its model as it would have built it."""
+    if decision.atom_serves:
+        return object.__new__(cls)
+    report_hand_back(decision)
+    return host_model()

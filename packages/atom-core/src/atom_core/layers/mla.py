@@ -22,7 +22,7 @@ Standalone (tests, HF parity) it runs the expanded form over :func:`standalone_b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from atom_core.distributed import divide, get_tp_group
 from atom_core.layers.attention import standalone_cu_seqlens
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import RotaryEmbedding, shared_rotary_embedding
+from atom_core.layers.rotary import RopeSpec, RotaryEmbedding, shared_rotary_embedding
 from atom_kernels import rope as rope_ops
 
 # DeepSeek's reference code (and HF transformers) builds the q/kv latent norms with RMSNorm's
@@ -134,7 +134,7 @@ def mla_decode(
     latent_out = atom_kernels.mla_decode(
         q_latent, kv_cache, query_start_loc, seq_lens, block_table, spec.scale, spec.kv_lora_rank,
         max_seq_len=max_seq_len,
-    )  # fmt: skip
+    )
     return up_project_v(spec, latent_out, out)
 
 
@@ -224,12 +224,31 @@ class LatentAttention(nn.Module):
         return output
 
 
-def mla_softmax_scale(qk_head_dim: int, rope: dict[str, Any]) -> float:
+def mla_softmax_scale(qk_head_dim: int, rope: RopeSpec | Mapping[str, Any]) -> float:
     """``qk_head_dim ** -0.5``, times DeepSeek's YaRN ``mscale(factor, mscale_all_dim) ** 2``."""
+    rope = RopeSpec.of(rope)
     scale = qk_head_dim**-0.5
-    if rope["rope_type"] != "default" and rope.get("mscale_all_dim"):
-        scale *= rope_ops.yarn_get_mscale(rope["factor"], rope["mscale_all_dim"]) ** 2
+    if rope.rope_type != "default" and rope.mscale_all_dim:
+        scale *= rope_ops.yarn_get_mscale(rope.factor, rope.mscale_all_dim) ** 2
     return scale
+
+
+@dataclass(frozen=True)
+class MultiHeadLatentAttentionSpec:
+    """The MLA of every layer of one model: :class:`MultiHeadLatentAttention`'s arguments but the
+    layer's id and name."""
+
+    hidden_size: int
+    num_heads: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    rope: RopeSpec
+    max_position: int
+    rope_is_neox: bool = False
+    bias: bool = False
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -250,7 +269,7 @@ class MultiHeadLatentAttention(nn.Module):
         v_head_dim: int,
         q_lora_rank: int | None,
         kv_lora_rank: int,
-        rope: dict[str, Any],
+        rope: RopeSpec | Mapping[str, Any],
         max_position: int,
         layer_id: int,
         prefix: str,
@@ -296,6 +315,15 @@ class MultiHeadLatentAttention(nn.Module):
                 kv_b_proj=self.kv_b_proj,
                 rotary_emb=self.rotary_emb,
             )
+        )
+
+    @classmethod
+    def from_spec(cls, spec: MultiHeadLatentAttentionSpec, layer_id: int,
+                  prefix: str) -> MultiHeadLatentAttention:
+        return cls(
+            spec.hidden_size, spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim,
+            spec.v_head_dim, spec.q_lora_rank, spec.kv_lora_rank, spec.rope, spec.max_position,
+            layer_id, prefix, rope_is_neox=spec.rope_is_neox, bias=spec.bias,
         )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:

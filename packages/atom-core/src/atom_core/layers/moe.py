@@ -9,6 +9,9 @@ Family differences are constructor arguments:
   concatenated ``[gate | up]`` or interleaved, expert biases, and the checkpoint layout.
 - :class:`SparseMoeBlock`: routed experts plus optional always-on shared experts.
 
+A model describes its experts once, as a :class:`MoeSpec` read from its HF config, and builds each
+sparse layer's block with :meth:`SparseMoeBlock.from_spec`.
+
 Expert weights are stacked per layer in ATOM's layout: ``w13_weight`` [E, 2 * I/tp, D] (gate/up
 rows) and ``w2_weight`` [E, D, I/tp], with biases ``w13_bias`` [E, 2 * I/tp] and ``w2_bias`` [E, D].
 A checkpoint provides them in one of two layouts, which fixes the parameters' shard ids:
@@ -21,6 +24,8 @@ A checkpoint provides them in one of two layouts, which fixes the parameters' sh
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +33,7 @@ from torch import nn
 import atom_kernels
 from atom_core.distributed import divide, get_tp_group
 from atom_core.layers.linear import copy_checked, default_weight_loader, make_param
+from atom_core.layers.mlp import GatedMLP
 
 PER_EXPERT = "per_expert"
 STACKED_TRANSPOSED = "stacked_transposed"
@@ -191,6 +197,32 @@ class FusedMoE(nn.Module):
         return out
 
 
+@dataclass(frozen=True)
+class MoeSpec:
+    """The sparse MLP of one model: router (:class:`TopKRouter`'s arguments; ``router_bias`` is its
+    ``bias``), routed experts (:class:`FusedMoE`'s; ``expert_bias`` is its ``bias``) and shared
+    experts, a :class:`GatedMLP` of ``shared_intermediate_size`` (0: none) with ``shared_bias``."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    renormalize: bool
+    scoring: str = "softmax"
+    num_expert_group: int = 1
+    topk_group: int = 1
+    correction_bias: bool = False
+    routed_scaling_factor: float = 1.0
+    router_bias: bool = False
+    activation: str = "silu"
+    interleaved: bool = False
+    expert_bias: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    checkpoint_layout: str = PER_EXPERT
+    shared_intermediate_size: int = 0
+    shared_bias: bool = False
+
+
 class SparseMoeBlock(nn.Module):
     """``experts(x, gate(x))`` plus, if given, ``shared_experts(x)`` (a dense MLP every token runs).
 
@@ -203,6 +235,26 @@ class SparseMoeBlock(nn.Module):
         self.gate = gate
         self.experts = experts
         self.shared_experts = shared_experts
+
+    @classmethod
+    def from_spec(cls, spec: MoeSpec, hidden_size: int, prefix: str) -> SparseMoeBlock:
+        gate = TopKRouter(
+            hidden_size, spec.num_experts, spec.top_k, spec.renormalize, prefix=f"{prefix}.gate",
+            bias=spec.router_bias, scoring=spec.scoring, num_expert_group=spec.num_expert_group,
+            topk_group=spec.topk_group, correction_bias=spec.correction_bias,
+            routed_scaling_factor=spec.routed_scaling_factor,
+        )
+        experts = FusedMoE(
+            spec.num_experts, hidden_size, spec.intermediate_size, prefix=f"{prefix}.experts",
+            activation=spec.activation, interleaved=spec.interleaved, bias=spec.expert_bias,
+            swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit,
+            checkpoint_layout=spec.checkpoint_layout,
+        )
+        shared = None
+        if spec.shared_intermediate_size:
+            shared = GatedMLP(hidden_size, spec.shared_intermediate_size, f"{prefix}.shared_experts",
+                              bias=spec.shared_bias)
+        return cls(gate, experts, shared)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, *self.gate(x))

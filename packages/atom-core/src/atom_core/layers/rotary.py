@@ -1,9 +1,11 @@
-"""Rotary embedding module: builds the cos/sin cache from an HF rope config, applies it to q and k."""
+"""Rotary embedding: :class:`RopeSpec` (the typed rope settings a model reads from its HF config
+once), the cos/sin cache built from it, and the module that applies it to q and k."""
 
 from __future__ import annotations
 
 import contextlib
-import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +18,8 @@ from atom_kernels import rope as rope_ops
 
 def hf_rope_parameters(hf_config: Any) -> dict[str, Any]:
     """Rope settings of an HF config as one dict with ``rope_theta``, ``rope_type`` and
-    ``partial_rotary_factor``.
+    ``partial_rotary_factor``: what :meth:`RopeSpec.from_parameters` reads at the model boundary,
+    and what atom_core.hosting.takeover checks the rope type of.
 
     transformers 5 keeps them in ``rope_parameters``; older configs use ``rope_theta``,
     ``rope_scaling`` and a top-level ``partial_rotary_factor``.
@@ -38,48 +41,98 @@ def hf_rope_parameters(hf_config: Any) -> dict[str, Any]:
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-def yarn_attention_factor(rope: dict[str, Any]) -> float:
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rope settings of one model. ``factor`` scales ``linear``, ``llama3`` and ``yarn`` tables;
+    ``llama3`` also reads ``low_freq_factor`` / ``high_freq_factor`` and ``yarn`` ``beta_fast`` /
+    ``beta_slow`` / ``truncate`` / ``attention_factor`` (or DeepSeek's ``mscale`` /
+    ``mscale_all_dim``); both read ``original_max_position_embeddings``. Unset values are None,
+    as absent keys are in HF's rope parameters."""
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    truncate: bool = True
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> RopeSpec:
+        """From a rope-parameters dict (``rope_type``, ``rope_theta``, ... as
+        :func:`hf_rope_parameters` returns); keys a supported rope type does not read are dropped."""
+        return cls(
+            rope_type=params.get("rope_type") or "default",
+            theta=params.get("rope_theta", 10000.0),
+            partial_rotary_factor=params.get("partial_rotary_factor", 1.0),
+            factor=params.get("factor"),
+            original_max_position_embeddings=params.get("original_max_position_embeddings"),
+            low_freq_factor=params.get("low_freq_factor"),
+            high_freq_factor=params.get("high_freq_factor"),
+            beta_fast=params.get("beta_fast"),
+            beta_slow=params.get("beta_slow"),
+            truncate=params.get("truncate", True),
+            attention_factor=params.get("attention_factor"),
+            mscale=params.get("mscale"),
+            mscale_all_dim=params.get("mscale_all_dim"),
+        )
+
+    @classmethod
+    def of(cls, rope: RopeSpec | Mapping[str, Any]) -> RopeSpec:
+        """``rope`` itself, or the spec of a rope-parameters dict (layers built by hand, tests)."""
+        return rope if isinstance(rope, RopeSpec) else cls.from_parameters(rope)
+
+
+def yarn_attention_factor(rope: RopeSpec) -> float:
     """The cos/sin magnitude of YaRN as HF computes it: ``attention_factor`` if the config sets
     one, else from ``mscale`` / ``mscale_all_dim`` (DeepSeek) or from ``factor`` alone."""
-    if rope.get("attention_factor") is not None:
-        return rope["attention_factor"]
-    if rope.get("mscale") and rope.get("mscale_all_dim"):
-        return rope_ops.deepseek_yarn_mscale(rope["factor"], rope["mscale"], rope["mscale_all_dim"])
-    return rope_ops.yarn_mscale(rope["factor"])
+    if rope.attention_factor is not None:
+        return rope.attention_factor
+    if rope.mscale and rope.mscale_all_dim:
+        return rope_ops.deepseek_yarn_mscale(rope.factor, rope.mscale, rope.mscale_all_dim)
+    return rope_ops.yarn_mscale(rope.factor)
 
 
-def build_cos_sin_cache(rotary_dim: int, max_position: int, rope: dict[str, Any]) -> torch.Tensor:
-    rope_type = rope["rope_type"]
+def build_cos_sin_cache(rotary_dim: int, max_position: int,
+                        rope: RopeSpec | Mapping[str, Any]) -> torch.Tensor:
+    rope = RopeSpec.of(rope)
+    rope_type = rope.rope_type
     if rope_type == "yarn":
         inv_freq = rope_ops.yarn_inv_freq(
             rotary_dim,
-            rope["rope_theta"],
-            rope["factor"],
-            rope["original_max_position_embeddings"],
-            beta_fast=rope.get("beta_fast") or 32,
-            beta_slow=rope.get("beta_slow") or 1,
-            truncate=rope.get("truncate", True),
+            rope.theta,
+            rope.factor,
+            rope.original_max_position_embeddings,
+            beta_fast=rope.beta_fast or 32,
+            beta_slow=rope.beta_slow or 1,
+            truncate=rope.truncate,
         )
         return rope_ops.compute_cos_sin_cache(inv_freq, max_position, yarn_attention_factor(rope))
-    inv_freq = rope_ops.default_inv_freq(rotary_dim, rope["rope_theta"])
+    inv_freq = rope_ops.default_inv_freq(rotary_dim, rope.theta)
     if rope_type == "llama3":
         inv_freq = rope_ops.llama3_inv_freq(
             inv_freq,
-            rope["factor"],
-            rope["low_freq_factor"],
-            rope["high_freq_factor"],
-            rope["original_max_position_embeddings"],
+            rope.factor,
+            rope.low_freq_factor,
+            rope.high_freq_factor,
+            rope.original_max_position_embeddings,
         )
     elif rope_type == "linear":
-        inv_freq = inv_freq / rope["factor"]
+        inv_freq = inv_freq / rope.factor
     elif rope_type != "default":
         raise NotImplementedError(f"rope_type {rope_type!r} is not supported yet")
     return rope_ops.compute_cos_sin_cache(inv_freq, max_position)
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any],
-                 is_neox: bool = True):
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int,
+                 rope: RopeSpec | Mapping[str, Any], is_neox: bool = True):
         super().__init__()
         self.head_size = head_size
         self.is_neox = is_neox
@@ -119,15 +172,16 @@ def rotary_embeddings_shared():
         _shared = outer
 
 
-def shared_rotary_embedding(head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any],
-                            is_neox: bool = True) -> RotaryEmbedding:
+def shared_rotary_embedding(head_size: int, rotary_dim: int, max_position: int,
+                            rope: RopeSpec | Mapping[str, Any], is_neox: bool = True) -> RotaryEmbedding:
     """The model's RotaryEmbedding for these settings, shared by its layers inside
     :func:`rotary_embeddings_shared` (a fresh one outside it). The fp32 cos/sin cache of a
     long-context model is tens of MB; once per layer it would cost ~0.7 GB (Qwen3-8B: 36 x 20 MB)
     that the KV cache could use."""
+    rope = RopeSpec.of(rope)
     if _shared is None:
         return RotaryEmbedding(head_size, rotary_dim, max_position, rope, is_neox)
-    key = (head_size, rotary_dim, max_position, is_neox, json.dumps(rope, sort_keys=True, default=str))
+    key = (head_size, rotary_dim, max_position, is_neox, rope)
     if key not in _shared:
         _shared[key] = RotaryEmbedding(head_size, rotary_dim, max_position, rope, is_neox)
     return _shared[key]

@@ -1,15 +1,16 @@
 """The decoder self-attention block shared by the model families.
 
 qkv projection -> optional per-head QK RMSNorm -> RoPE -> :class:`Attention` -> o projection.
-Family differences (bias, QK-norm, partial rotary, sliding window, sinks) are constructor arguments.
-Partial rotary comes from the rope settings (``partial_rotary_factor``) unless ``rotary_dim`` is
-given. ``sinks`` adds a learned per-head logit that joins the softmax denominator (GPT-OSS),
-checkpoint name ``<prefix>.sinks``, split across TP ranks with the heads.
+Family differences (bias, QK-norm, partial rotary, sliding window, sinks) are fields of
+:class:`SelfAttentionSpec`, which a model fills once from its HF config; the sliding window, which
+may differ per layer, is a constructor argument. Partial rotary comes from the rope settings
+(``partial_rotary_factor``). ``sinks`` adds a learned per-head logit that joins the softmax
+denominator (GPT-OSS), checkpoint name ``<prefix>.sinks``, split across TP ranks with the heads.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -22,47 +23,51 @@ from atom_core.layers.linear import (
     rank_sharded_weight_loader,
 )
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import shared_rotary_embedding
+from atom_core.layers.rotary import RopeSpec, shared_rotary_embedding
+
+
+@dataclass(frozen=True)
+class SelfAttentionSpec:
+    """The self-attention of every layer of one model (head counts before TP splitting).
+    ``qk_norm_eps`` None: no QK-norm."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope: RopeSpec
+    max_position: int
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm_eps: float | None = None
+    sinks: bool = False
 
 
 class DecoderSelfAttention(nn.Module):
-    def __init__(
-        self,
-        hidden_size: int,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        rope: dict[str, Any],
-        max_position: int,
-        layer_id: int,
-        prefix: str,
-        qkv_bias: bool = False,
-        o_bias: bool = False,
-        qk_norm_eps: float | None = None,
-        rotary_dim: int | None = None,
-        sliding_window: int | None = None,
-        sinks: bool = False,
-    ):
+    def __init__(self, spec: SelfAttentionSpec, layer_id: int, prefix: str,
+                 sliding_window: int | None = None):
         super().__init__()
+        head_dim = spec.head_dim
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, prefix=f"{prefix}.qkv_proj"
+            spec.hidden_size, head_dim, spec.num_heads, spec.num_kv_heads, spec.qkv_bias,
+            prefix=f"{prefix}.qkv_proj",
         )
         self.o_proj = RowParallelLinear(
-            num_heads * head_dim, hidden_size, o_bias, prefix=f"{prefix}.o_proj"
+            spec.num_heads * head_dim, spec.hidden_size, spec.o_bias, prefix=f"{prefix}.o_proj"
         )
         self.head_dim = head_dim
         self.q_size = self.qkv_proj.num_heads * head_dim
         self.kv_size = self.qkv_proj.num_kv_heads * head_dim
-        if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        if spec.qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, spec.qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, spec.qk_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        if rotary_dim is None:
-            rotary_dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
-        self.rotary_emb = shared_rotary_embedding(head_dim, rotary_dim, max_position, rope)
+        rotary_dim = int(head_dim * spec.rope.partial_rotary_factor)
+        self.rotary_emb = shared_rotary_embedding(head_dim, rotary_dim, spec.max_position, spec.rope)
         self.sinks = (
-            make_param((self.qkv_proj.num_heads,), rank_sharded_weight_loader(0)) if sinks else None
+            make_param((self.qkv_proj.num_heads,), rank_sharded_weight_loader(0))
+            if spec.sinks else None
         )
         self.attn = Attention(
             AttentionSpec(
@@ -85,5 +90,3 @@ class DecoderSelfAttention(nn.Module):
         else:
             q, k = self.rotary_emb.forward_with_qk_norm(positions, q, k, self.q_norm, self.k_norm)
         return self.o_proj(self.attn(q, k, v))
-
-

@@ -1,13 +1,22 @@
-"""The pre-norm decoder trunk every ATOM causal LM shares.
+"""The pre-norm decoder trunk every ATOM causal LM shares, and the HF-config readers the families share.
 
-A family file supplies one function, ``make_layer(layer_id, prefix) -> DecoderLayer``, and a
-:class:`~atom_core.loader.WeightMap`; embedding, layer loop, final norm, LM head, logits and weight
-loading live here once.
+A family file is one :class:`CausalLM` subclass with the same shape:
+
+- ``WEIGHT_MAP``: a class constant, HF checkpoint names -> ATOM parameter names (never mutated;
+  each model instance extends a copy with what its config adds, see :meth:`CausalLM.__init__`);
+- ``__init__``: turns the HF config, once, into typed specs (:class:`SelfAttentionSpec` with its
+  :class:`RopeSpec`, :class:`MoeSpec`, layer sets), then builds the trunk; layers never see the HF
+  config;
+- ``make_layer(layer_id, prefix)``: the one method that builds a :class:`DecoderLayer` from them.
+
+Embedding, layer loop, final norm, LM head, logits and weight loading live here once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -18,62 +27,82 @@ from atom_core.config import Config
 from atom_core.distributed import get_tp_group
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.norm import RMSNorm
-from atom_core.layers.rotary import hf_rope_parameters, rotary_embeddings_shared
-from atom_core.layers.self_attention import DecoderSelfAttention
+from atom_core.layers.rotary import RopeSpec, hf_rope_parameters, rotary_embeddings_shared
+from atom_core.layers.self_attention import SelfAttentionSpec
 from atom_core.loader import StackedWeight, WeightMap, load_weights
 from atom_core.log import logger
 
-# HF q/k/v and gate/up projections, fused into one GEMM each.
-STACKED_QKV_GATE_UP = [
+# HF gate/up projections, fused into one GEMM; with q/k/v likewise.
+STACKED_GATE_UP = (
+    StackedWeight("gate_proj", "gate_up_proj", 0),
+    StackedWeight("up_proj", "gate_up_proj", 1),
+)
+STACKED_QKV_GATE_UP = (
     StackedWeight("q_proj", "qkv_proj", "q"),
     StackedWeight("k_proj", "qkv_proj", "k"),
     StackedWeight("v_proj", "qkv_proj", "v"),
-    StackedWeight("gate_proj", "gate_up_proj", 0),
-    StackedWeight("up_proj", "gate_up_proj", 1),
-]
+    *STACKED_GATE_UP,
+)
 
 
 def join_prefix(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def layer_sliding_window(hf: Any, layer_id: int) -> int | None:
-    """The sliding window of one layer: ``sliding_window`` on the layers that ``layer_types`` marks
-    ``sliding_attention`` (on all layers if the config has no layer types), unless the config turns
-    it off (``use_sliding_window=False``)."""
-    if not getattr(hf, "use_sliding_window", True):
-        return None
-    layer_types = getattr(hf, "layer_types", None)
-    if layer_types is not None and layer_types[layer_id] != "sliding_attention":
-        return None
-    return getattr(hf, "sliding_window", None)
+@dataclass(frozen=True)
+class DecoderSpec:
+    """The trunk: embedding, layer count, RMSNorm eps (every norm of the trunk and its layers), LM
+    head. ``num_mtp_layers``: multi-token-prediction layers that hub checkpoints (GLM-4.5,
+    DeepSeek-V3) append after the last decoder layer; ATOM serves the base model and skips them, as
+    HF transformers does."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    num_mtp_layers: int
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> DecoderSpec:
+        return cls(
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            num_layers=hf.num_hidden_layers,
+            rms_norm_eps=hf.rms_norm_eps,
+            tie_word_embeddings=getattr(hf, "tie_word_embeddings", False),
+            num_mtp_layers=getattr(hf, "num_nextn_predict_layers", 0) or 0,
+        )
 
 
-def mtp_layer_patterns(hf: Any) -> list[str]:
-    """Checkpoint-name patterns of the ``num_nextn_predict_layers`` multi-token-prediction layers
-    that hub checkpoints (GLM-4.5, DeepSeek-V3) append after the last decoder layer. ATOM serves
-    the base model and skips them, as HF transformers does."""
-    num_mtp_layers = getattr(hf, "num_nextn_predict_layers", 0) or 0
-    first = hf.num_hidden_layers
-    return [rf"model\.layers\.{i}\..*" for i in range(first, first + num_mtp_layers)]
+def hf_rope_spec(hf: Any) -> RopeSpec:
+    return RopeSpec.from_parameters(hf_rope_parameters(hf))
 
 
-def hf_self_attention(config: Config, layer_id: int, prefix: str, **family_args: Any) -> DecoderSelfAttention:
-    """Self-attention of layer ``layer_id`` from the HF config fields every family shares (heads,
-    head_dim, rope incl. partial rotary, sliding window); the family's own differences (bias,
-    QK-norm, sinks) come as ``family_args``."""
+def hf_self_attention_spec(config: Config, **family_args: Any) -> SelfAttentionSpec:
+    """Self-attention from the HF config fields every family shares (heads, head_dim, rope incl.
+    partial rotary); the family's own differences (bias, QK-norm, sinks) come as ``family_args``."""
     hf = config.hf_config
-    return DecoderSelfAttention(
+    return SelfAttentionSpec(
         hidden_size=hf.hidden_size,
         num_heads=hf.num_attention_heads,
         num_kv_heads=hf.num_key_value_heads,
         head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
-        rope=hf_rope_parameters(hf),
+        rope=hf_rope_spec(hf),
         max_position=config.rope_positions,
-        layer_id=layer_id,
-        prefix=f"{prefix}.self_attn",
-        sliding_window=layer_sliding_window(hf, layer_id),
         **family_args,
+    )
+
+
+def hf_sliding_windows(hf: Any) -> tuple[int | None, ...]:
+    """Each layer's sliding window: ``sliding_window`` on the layers that ``layer_types`` marks
+    ``sliding_attention`` (on all layers if the config has no layer types), unless the config turns
+    it off (``use_sliding_window=False``)."""
+    layer_types = getattr(hf, "layer_types", None)
+    window = getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", True) else None
+    return tuple(
+        None if layer_types is not None and layer_types[i] != "sliding_attention" else window
+        for i in range(hf.num_hidden_layers)
     )
 
 
@@ -101,15 +130,16 @@ class DecoderLayer(nn.Module):
 
 @support_torch_compile
 class DecoderModel(nn.Module):
-    def __init__(self, config: Config, make_layer: Callable[[int, str], nn.Module], prefix: str):
+    def __init__(self, config: Config, spec: DecoderSpec, make_layer: Callable[[int, str], nn.Module],
+                 prefix: str):
         super().__init__()
-        hf = config.hf_config
-        self.embed_tokens = VocabParallelEmbedding(hf.vocab_size, hf.hidden_size, f"{prefix}.embed_tokens")
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size,
+                                                   f"{prefix}.embed_tokens")
         with rotary_embeddings_shared():
             self.layers = nn.ModuleList(
-                make_layer(i, f"{prefix}.layers.{i}") for i in range(hf.num_hidden_layers)
+                make_layer(i, f"{prefix}.layers.{i}") for i in range(spec.num_layers)
             )
-        self.norm = RMSNorm(hf.hidden_size, hf.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,25 +155,34 @@ class CausalLM(nn.Module):
     """Base of every ATOM causal LM: ``forward`` returns hidden states, ``compute_logits`` logits.
 
     ``hf_defaults``: HF's defaults (transformers 5.23) of the optional config keys the family
-    reads, for configs and transformers releases that lack them (atom_core.hosting.hf_config)."""
+    reads, for configs and transformers releases that lack them (atom_core.hosting.hf_config).
+    A subclass sets ``WEIGHT_MAP``, reads its specs in ``__init__`` before calling this one, and
+    implements :meth:`make_layer`."""
 
     hf_defaults: ClassVar[dict[str, Any]] = {}
+    WEIGHT_MAP: ClassVar[WeightMap]
 
-    def __init__(self, config: Config, make_layer: Callable[[int, str], nn.Module],
-                 weight_map: WeightMap, prefix: str = ""):
+    def __init__(self, config: Config, prefix: str = ""):
         super().__init__()
-        hf = config.hf_config
         self.config = config
-        self.model = DecoderModel(config, make_layer, join_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(hf.vocab_size, hf.hidden_size, join_prefix(prefix, "lm_head"))
-        self.weight_map = weight_map
-        self.weight_map.ignored.append(r".*rotary_emb\.inv_freq")
-        if getattr(hf, "tie_word_embeddings", False):
+        self.decoder = DecoderSpec.from_hf(config.hf_config)
+        self.model = DecoderModel(config, self.decoder, self.make_layer, join_prefix(prefix, "model"))
+        self.lm_head = ParallelLMHead(self.decoder.vocab_size, self.decoder.hidden_size,
+                                      join_prefix(prefix, "lm_head"))
+        first_mtp, num_mtp = self.decoder.num_layers, self.decoder.num_mtp_layers
+        ignored = [*self.WEIGHT_MAP.ignored, r".*rotary_emb\.inv_freq",
+                   *(rf"model\.layers\.{i}\..*" for i in range(first_mtp, first_mtp + num_mtp))]
+        if self.decoder.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-            self.weight_map.ignored.append(r"lm_head\.weight")
+            ignored.append(r"lm_head\.weight")
+        self.weight_map = dataclasses.replace(self.WEIGHT_MAP, ignored=ignored)
         tp = get_tp_group()
         logger.info("%s: TP rank %d of %d holds %d parameters", type(self).__name__, tp.rank,
                     tp.world_size, sum(p.numel() for p in self.parameters()))
+
+    def make_layer(self, layer_id: int, prefix: str) -> nn.Module:
+        """Decoder layer ``layer_id``, named ``prefix``, built from the specs ``__init__`` read."""
+        raise NotImplementedError
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

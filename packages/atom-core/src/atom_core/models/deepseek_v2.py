@@ -1,5 +1,8 @@
-"""DeepSeek-V2 and DeepSeek-V3 (R1, Kimi-K2, Moonlight): multi-head latent attention, dense MLP on the
-first ``first_k_dense_replace`` layers, then routed experts plus always-on shared experts.
+"""DeepSeek-V2 and DeepSeek-V3 (R1, Kimi-K2, Moonlight): the base decoder
+(:mod:`atom_core.models.decoder`) with multi-head latent attention (:mod:`atom_core.layers.mla`)
+for self-attention, a dense SwiGLU MLP on the first ``first_k_dense_replace`` layers, then (on
+every ``moe_layer_freq``-th layer) routed experts plus always-on shared experts, the MoE block of
+GLM-4-MoE.
 
 The two architectures differ only in constructor arguments:
 
@@ -21,86 +24,64 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
 from atom_core.config import Config
-from atom_core.layers.mla import MultiHeadLatentAttention
+from atom_core.layers.mla import MultiHeadLatentAttention, MultiHeadLatentAttentionSpec
 from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.moe import FusedMoE, SparseMoeBlock, TopKRouter
-from atom_core.layers.rotary import hf_rope_parameters
-from atom_core.loader import ExpertWeightNames, StackedWeight, WeightMap
-from atom_core.models.decoder import CausalLM, DecoderLayer
-
-STACKED_GATE_UP = [
-    StackedWeight("gate_proj", "gate_up_proj", 0),
-    StackedWeight("up_proj", "gate_up_proj", 1),
-]
+from atom_core.layers.moe import MoeSpec, SparseMoeBlock
+from atom_core.loader import ExpertWeightNames, WeightMap
+from atom_core.models.decoder import STACKED_GATE_UP, CausalLM, DecoderLayer, hf_rope_spec
 
 
-def deepseek_attention(config: Config, layer_id: int, prefix: str,
-                       rope_is_neox: bool) -> MultiHeadLatentAttention:
-    hf = config.hf_config
-    return MultiHeadLatentAttention(
-        hidden_size=hf.hidden_size,
-        num_heads=hf.num_attention_heads,
-        qk_nope_head_dim=hf.qk_nope_head_dim,
-        qk_rope_head_dim=hf.qk_rope_head_dim,
-        v_head_dim=hf.v_head_dim,
-        q_lora_rank=hf.q_lora_rank,
-        kv_lora_rank=hf.kv_lora_rank,
-        rope=hf_rope_parameters(hf),
-        max_position=config.rope_positions,
-        layer_id=layer_id,
-        prefix=f"{prefix}.self_attn",
-        rope_is_neox=rope_is_neox,
-        bias=hf.attention_bias,
-    )
+class DeepseekCausalLM(CausalLM):
+    """What V2 and V3 share: everything but the router, which each reads in its ``__init__``."""
 
+    WEIGHT_MAP = WeightMap(stacked=STACKED_GATE_UP, experts=ExpertWeightNames())
 
-def deepseek_mlp(hf: Any, layer_id: int, prefix: str, router_args: dict[str, Any]) -> nn.Module:
-    mlp_bias = getattr(hf, "mlp_bias", False)  # DeepSeek-V3's config class has no such key
-    is_sparse = layer_id >= hf.first_k_dense_replace and layer_id % getattr(hf, "moe_layer_freq", 1) == 0
-    if not is_sparse:
-        return GatedMLP(hf.hidden_size, hf.intermediate_size, prefix, bias=mlp_bias)
-    shared = None
-    if hf.n_shared_experts:
-        shared = GatedMLP(hf.hidden_size, hf.moe_intermediate_size * hf.n_shared_experts,
-                          f"{prefix}.shared_experts", bias=mlp_bias)
-    return SparseMoeBlock(
-        TopKRouter(
-            hf.hidden_size, hf.n_routed_experts, hf.num_experts_per_tok, renormalize=hf.norm_topk_prob,
-            prefix=f"{prefix}.gate", routed_scaling_factor=hf.routed_scaling_factor, **router_args,
-        ),
-        FusedMoE(hf.n_routed_experts, hf.hidden_size, hf.moe_intermediate_size, prefix=f"{prefix}.experts"),
-        shared,
-    )
+    def __init__(self, config: Config, prefix: str, rope_is_neox: bool, router: dict[str, Any]):
+        hf = config.hf_config
+        self.attention = MultiHeadLatentAttentionSpec(
+            hidden_size=hf.hidden_size,
+            num_heads=hf.num_attention_heads,
+            qk_nope_head_dim=hf.qk_nope_head_dim,
+            qk_rope_head_dim=hf.qk_rope_head_dim,
+            v_head_dim=hf.v_head_dim,
+            q_lora_rank=hf.q_lora_rank,
+            kv_lora_rank=hf.kv_lora_rank,
+            rope=hf_rope_spec(hf),
+            max_position=config.rope_positions,
+            rope_is_neox=rope_is_neox,
+            bias=hf.attention_bias,
+        )
+        self.intermediate_size = hf.intermediate_size
+        self.mlp_bias = getattr(hf, "mlp_bias", False)  # DeepSeek-V3's config class has no such key
+        self.moe = MoeSpec(
+            num_experts=hf.n_routed_experts, top_k=hf.num_experts_per_tok,
+            intermediate_size=hf.moe_intermediate_size, renormalize=hf.norm_topk_prob,
+            routed_scaling_factor=hf.routed_scaling_factor,
+            shared_intermediate_size=hf.moe_intermediate_size * (hf.n_shared_experts or 0),
+            shared_bias=self.mlp_bias, **router,
+        )
+        moe_layer_freq = getattr(hf, "moe_layer_freq", 1)
+        self.sparse_layers = frozenset(
+            i for i in range(hf.first_k_dense_replace, hf.num_hidden_layers) if i % moe_layer_freq == 0
+        )
+        super().__init__(config, prefix)
 
-
-def deepseek_make_layer(config: Config, router_args: dict[str, Any], rope_is_neox: bool):
-    hf = config.hf_config
-
-    def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
+    def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
+        d = self.decoder
+        if layer_id in self.sparse_layers:
+            mlp = SparseMoeBlock.from_spec(self.moe, d.hidden_size, f"{prefix}.mlp")
+        else:
+            mlp = GatedMLP(d.hidden_size, self.intermediate_size, f"{prefix}.mlp", bias=self.mlp_bias)
         return DecoderLayer(
-            deepseek_attention(config, layer_id, layer_prefix, rope_is_neox),
-            deepseek_mlp(hf, layer_id, f"{layer_prefix}.mlp", router_args),
-            hf.hidden_size,
-            hf.rms_norm_eps,
+            MultiHeadLatentAttention.from_spec(self.attention, layer_id, f"{prefix}.self_attn"),
+            mlp,
+            d.hidden_size,
+            d.rms_norm_eps,
         )
 
-    return make_layer
 
-
-def deepseek_weight_map(hf: Any) -> WeightMap:
-    num_mtp_layers = getattr(hf, "num_nextn_predict_layers", 0) or 0
-    mtp_layers = range(hf.num_hidden_layers, hf.num_hidden_layers + num_mtp_layers)
-    return WeightMap(
-        stacked=list(STACKED_GATE_UP),
-        experts=ExpertWeightNames(),
-        ignored=[rf"model\.layers\.{i}\..*" for i in mtp_layers],
-    )
-
-
-class DeepseekV2ForCausalLM(CausalLM):
+class DeepseekV2ForCausalLM(DeepseekCausalLM):
     hf_defaults = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
                    "mlp_bias": False, "norm_topk_prob": False, "n_shared_experts": 2, "n_group": None,
                    "topk_group": None, "routed_scaling_factor": 1.0, "first_k_dense_replace": 0,
@@ -108,18 +89,16 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
-        scoring = getattr(hf, "scoring_func", None) or "softmax"
         grouped = hf.topk_method == "group_limited_greedy"
-        router_args = dict(
-            scoring=scoring,
+        router = dict(
+            scoring=getattr(hf, "scoring_func", None) or "softmax",
             num_expert_group=hf.n_group if grouped else 1,
             topk_group=hf.topk_group if grouped else 1,
         )
-        super().__init__(config, deepseek_make_layer(config, router_args, rope_is_neox=False),
-                         deepseek_weight_map(hf), prefix)
+        super().__init__(config, prefix, rope_is_neox=False, router=router)
 
 
-class DeepseekV3ForCausalLM(CausalLM):
+class DeepseekV3ForCausalLM(DeepseekCausalLM):
     hf_defaults = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
                    "num_experts_per_tok": 8, "norm_topk_prob": True, "n_shared_experts": 1,
                    "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
@@ -128,9 +107,6 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
-        router_args = dict(
-            scoring="sigmoid", num_expert_group=hf.n_group, topk_group=hf.topk_group, correction_bias=True
-        )
-        rope_is_neox = not hf.rope_interleave
-        super().__init__(config, deepseek_make_layer(config, router_args, rope_is_neox),
-                         deepseek_weight_map(hf), prefix)
+        router = dict(scoring="sigmoid", num_expert_group=hf.n_group, topk_group=hf.topk_group,
+                      correction_bias=True)
+        super().__init__(config, prefix, rope_is_neox=not hf.rope_interleave, router=router)

@@ -1,48 +1,26 @@
-"""GLM-4-MoE (GLM-4.5, 4.6): partial rotary, optional QK-norm, q/k/v bias; dense MLP on the first
-``first_k_dense_replace`` layers, then a sigmoid group-limited router steered by
-``e_score_correction_bias`` with a routed scaling factor, plus shared experts.
+"""GLM-4-MoE (GLM-4.5, 4.6): the base decoder (:mod:`atom_core.models.decoder`) with
 
-Hub checkpoints also carry the multi-token-prediction layers (``model.layers.{n}`` for ``n`` past
-``num_hidden_layers``); ATOM serves the base model and skips them, as HF transformers does.
+| differs from the base decoder | Glm4MoeForCausalLM |
+|---|---|
+| attention | q/k/v bias if ``attention_bias`` (no o bias); per-head QK RMSNorm if ``use_qk_norm``; partial rotary (``partial_rotary_factor``) |
+| MLP | dense SwiGLU on the first ``first_k_dense_replace`` layers, then experts: sigmoid router over ``n_group`` groups (best ``topk_group``) steered by ``e_score_correction_bias``, ``routed_scaling_factor``, plus ``n_shared_experts`` shared experts (the MoE block of DeepSeek-V3) |
+| checkpoint | hub checkpoints carry ``num_nextn_predict_layers`` multi-token-prediction layers, skipped |
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
 from atom_core.config import Config
 from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.moe import FusedMoE, SparseMoeBlock, TopKRouter
+from atom_core.layers.moe import MoeSpec, SparseMoeBlock
+from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import ExpertWeightNames, WeightMap
 from atom_core.models.decoder import (
     STACKED_QKV_GATE_UP,
     CausalLM,
     DecoderLayer,
-    hf_self_attention,
-    mtp_layer_patterns,
+    hf_self_attention_spec,
+    hf_sliding_windows,
 )
-
-
-def glm4_moe_mlp(hf: Any, layer_id: int, prefix: str) -> nn.Module:
-    if layer_id < hf.first_k_dense_replace:
-        return GatedMLP(hf.hidden_size, hf.intermediate_size, prefix)
-    shared = None
-    if hf.n_shared_experts:
-        shared = GatedMLP(hf.hidden_size, hf.moe_intermediate_size * hf.n_shared_experts,
-                          f"{prefix}.shared_experts")
-    return SparseMoeBlock(
-        TopKRouter(
-            hf.hidden_size, hf.n_routed_experts, hf.num_experts_per_tok,
-            renormalize=hf.norm_topk_prob, prefix=f"{prefix}.gate", scoring="sigmoid",
-            num_expert_group=hf.n_group, topk_group=hf.topk_group, correction_bias=True,
-            routed_scaling_factor=hf.routed_scaling_factor,
-        ),
-        FusedMoE(hf.n_routed_experts, hf.hidden_size, hf.moe_intermediate_size,
-                 prefix=f"{prefix}.experts"),
-        shared,
-    )
 
 
 class Glm4MoeForCausalLM(CausalLM):
@@ -50,21 +28,35 @@ class Glm4MoeForCausalLM(CausalLM):
                    "num_experts_per_tok": 8, "norm_topk_prob": True, "n_shared_experts": 1,
                    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
                    "first_k_dense_replace": 1, "use_qk_norm": False, "num_nextn_predict_layers": 1}
+    WEIGHT_MAP = WeightMap(stacked=STACKED_QKV_GATE_UP, experts=ExpertWeightNames())
 
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
-
-        def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
-            attention = hf_self_attention(
-                config, layer_id, layer_prefix, qkv_bias=hf.attention_bias,
-                qk_norm_eps=hf.rms_norm_eps if hf.use_qk_norm else None,
-            )
-            return DecoderLayer(attention, glm4_moe_mlp(hf, layer_id, f"{layer_prefix}.mlp"),
-                                hf.hidden_size, hf.rms_norm_eps)
-
-        weight_map = WeightMap(
-            stacked=list(STACKED_QKV_GATE_UP),
-            experts=ExpertWeightNames(),
-            ignored=mtp_layer_patterns(hf),
+        self.attention = hf_self_attention_spec(
+            config, qkv_bias=hf.attention_bias, qk_norm_eps=hf.rms_norm_eps if hf.use_qk_norm else None
         )
-        super().__init__(config, make_layer, weight_map, prefix)
+        self.sliding_windows = hf_sliding_windows(hf)
+        self.intermediate_size = hf.intermediate_size
+        self.moe = MoeSpec(
+            num_experts=hf.n_routed_experts, top_k=hf.num_experts_per_tok,
+            intermediate_size=hf.moe_intermediate_size, renormalize=hf.norm_topk_prob,
+            scoring="sigmoid", num_expert_group=hf.n_group, topk_group=hf.topk_group,
+            correction_bias=True, routed_scaling_factor=hf.routed_scaling_factor,
+            shared_intermediate_size=hf.moe_intermediate_size * (hf.n_shared_experts or 0),
+        )
+        self.sparse_layers = frozenset(range(hf.first_k_dense_replace, hf.num_hidden_layers))
+        super().__init__(config, prefix)
+
+    def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
+        d = self.decoder
+        if layer_id in self.sparse_layers:
+            mlp = SparseMoeBlock.from_spec(self.moe, d.hidden_size, f"{prefix}.mlp")
+        else:
+            mlp = GatedMLP(d.hidden_size, self.intermediate_size, f"{prefix}.mlp")
+        return DecoderLayer(
+            DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
+                                 self.sliding_windows[layer_id]),
+            mlp,
+            d.hidden_size,
+            d.rms_norm_eps,
+        )

@@ -1,29 +1,47 @@
-"""Llama (2, 3, 3.1, 3.2): GQA attention, optional q/k/v/o and MLP biases, llama3 rope scaling
-(read from the rope settings), SwiGLU MLP."""
+"""Llama (2, 3, 3.1, 3.2): the base decoder (:mod:`atom_core.models.decoder`: GQA self-attention,
+rope, SwiGLU MLP, RMSNorm) with
+
+| differs from the base decoder | LlamaForCausalLM |
+|---|---|
+| bias | q/k/v/o bias if ``attention_bias``, MLP bias if ``mlp_bias`` |
+| rope | llama3 scaling, read from the rope settings like every rope type |
+"""
 
 from __future__ import annotations
 
 from atom_core.config import Config
 from atom_core.layers.mlp import GatedMLP
+from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import WeightMap
-from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer, hf_self_attention
+from atom_core.models.decoder import (
+    STACKED_QKV_GATE_UP,
+    CausalLM,
+    DecoderLayer,
+    hf_self_attention_spec,
+    hf_sliding_windows,
+)
 
 
 class LlamaForCausalLM(CausalLM):
     hf_defaults = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
                    "mlp_bias": False}
+    WEIGHT_MAP = WeightMap(stacked=STACKED_QKV_GATE_UP)
 
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
+        self.attention = hf_self_attention_spec(config, qkv_bias=hf.attention_bias,
+                                                o_bias=hf.attention_bias)
+        self.sliding_windows = hf_sliding_windows(hf)
+        self.intermediate_size = hf.intermediate_size
+        self.mlp_bias = hf.mlp_bias
+        super().__init__(config, prefix)
 
-        def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
-            return DecoderLayer(
-                hf_self_attention(config, layer_id, layer_prefix,
-                                  qkv_bias=hf.attention_bias, o_bias=hf.attention_bias),
-                GatedMLP(hf.hidden_size, hf.intermediate_size, f"{layer_prefix}.mlp",
-                         bias=hf.mlp_bias),
-                hf.hidden_size,
-                hf.rms_norm_eps,
-            )
-
-        super().__init__(config, make_layer, WeightMap(stacked=list(STACKED_QKV_GATE_UP)), prefix)
+    def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
+        d = self.decoder
+        return DecoderLayer(
+            DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
+                                 self.sliding_windows[layer_id]),
+            GatedMLP(d.hidden_size, self.intermediate_size, f"{prefix}.mlp", bias=self.mlp_bias),
+            d.hidden_size,
+            d.rms_norm_eps,
+        )

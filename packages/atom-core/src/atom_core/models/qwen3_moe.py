@@ -1,45 +1,51 @@
-"""Qwen3-MoE: Qwen3 attention with a softmax top-k routed expert MLP (dense on mlp_only_layers)."""
+"""Qwen3-MoE: Qwen3 (:mod:`atom_core.models.qwen3`) with routed experts.
+
+| differs from the base decoder | Qwen3MoeForCausalLM |
+|---|---|
+| attention | Qwen3's: QK-norm, ``attention_bias``, ``use_sliding_window`` |
+| MLP | softmax top-k experts (renormalised if ``norm_topk_prob``), no shared experts, on every ``decoder_sparse_step``-th layer; dense SwiGLU on ``mlp_only_layers`` |
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from atom_core.config import Config
 from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.moe import FusedMoE, SparseMoeBlock, TopKRouter
+from atom_core.layers.moe import MoeSpec, SparseMoeBlock
+from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import ExpertWeightNames, WeightMap
-from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer
-from atom_core.models.qwen3 import QWEN3_HF_DEFAULTS, qwen3_attention
-
-
-def is_sparse_layer(hf: Any, layer_id: int) -> bool:
-    return (
-        layer_id not in (hf.mlp_only_layers or [])
-        and hf.num_experts > 0
-        and (layer_id + 1) % hf.decoder_sparse_step == 0
-    )
+from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer, hf_sliding_windows
+from atom_core.models.qwen3 import QWEN3_HF_DEFAULTS, qwen3_attention_spec
 
 
 class Qwen3MoeForCausalLM(CausalLM):
     hf_defaults = {**QWEN3_HF_DEFAULTS, "num_experts_per_tok": 8, "norm_topk_prob": False,
                    "decoder_sparse_step": 1, "mlp_only_layers": []}
+    WEIGHT_MAP = WeightMap(stacked=STACKED_QKV_GATE_UP, experts=ExpertWeightNames())
 
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
+        self.attention = qwen3_attention_spec(config)
+        self.sliding_windows = hf_sliding_windows(hf)
+        self.intermediate_size = hf.intermediate_size
+        self.moe = MoeSpec(num_experts=hf.num_experts, top_k=hf.num_experts_per_tok,
+                           intermediate_size=hf.moe_intermediate_size, renormalize=hf.norm_topk_prob)
+        self.sparse_layers = frozenset(
+            i for i in range(hf.num_hidden_layers)
+            if i not in (hf.mlp_only_layers or []) and hf.num_experts > 0
+            and (i + 1) % hf.decoder_sparse_step == 0
+        )
+        super().__init__(config, prefix)
 
-        def make_layer(layer_id: int, layer_prefix: str) -> DecoderLayer:
-            mlp_prefix = f"{layer_prefix}.mlp"
-            if is_sparse_layer(hf, layer_id):
-                mlp = SparseMoeBlock(
-                    TopKRouter(hf.hidden_size, hf.num_experts, hf.num_experts_per_tok,
-                               renormalize=hf.norm_topk_prob, prefix=f"{mlp_prefix}.gate"),
-                    FusedMoE(hf.num_experts, hf.hidden_size, hf.moe_intermediate_size,
-                             prefix=f"{mlp_prefix}.experts"),
-                )
-            else:
-                mlp = GatedMLP(hf.hidden_size, hf.intermediate_size, mlp_prefix)
-            return DecoderLayer(qwen3_attention(config, layer_id, layer_prefix), mlp,
-                                hf.hidden_size, hf.rms_norm_eps)
-
-        weight_map = WeightMap(stacked=list(STACKED_QKV_GATE_UP), experts=ExpertWeightNames())
-        super().__init__(config, make_layer, weight_map, prefix)
+    def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
+        d = self.decoder
+        if layer_id in self.sparse_layers:
+            mlp = SparseMoeBlock.from_spec(self.moe, d.hidden_size, f"{prefix}.mlp")
+        else:
+            mlp = GatedMLP(d.hidden_size, self.intermediate_size, f"{prefix}.mlp")
+        return DecoderLayer(
+            DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
+                                 self.sliding_windows[layer_id]),
+            mlp,
+            d.hidden_size,
+            d.rms_norm_eps,
+        )

@@ -174,16 +174,16 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
             q_latent = rope_and_cache(
                 s, positions[:d], absorb_q(s, q[:d, :, :nope]), q[:d, :, nope:], kv_c[:d], k_pe[:d],
                 kv_cache, slots[:d],
-            )  # fmt: skip
+            )
             mla_decode(
                 s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
                 m.block_table[: m.num_decodes], m.max_seq_len, out=output[:d],
-            )  # fmt: skip
+            )
         if m.num_prefills:
             q_full = rope_and_cache(
                 s, positions[d:n], q[d:n, :, :nope], q[d:n, :, nope:], kv_c[d:n], k_pe[d:n], kv_cache,
                 slots[d:n],
-            )  # fmt: skip
+            )
             block_size = kv_cache.shape[1]
             blocks = m.block_table[m.context_requests, m.context_positions // block_size]
             latent = kv_cache[blocks, m.context_positions % block_size]
@@ -219,7 +219,7 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
         self.attn_backend = get_attn_backend(
             spec.latent_dim, torch.get_default_dtype(), self.kv_cache_dtype, use_mla=True,
             num_heads=spec.num_heads,
-        )  # fmt: skip
+        )
         if self.attn_backend is not ATOMMLABackend:
             raise NotImplementedError(
                 f"ATOM's MLA models run on ATOM's MLA backend only, but vLLM chose "

@@ -1,6 +1,6 @@
 """Tile configs measured per GPU model by ``benchmarks/kernels/tune_kernels.py``.
 
-A table is ``tuned/<op>.json`` next to this module::
+A table is ``<op>.json`` in this package's folder (``atom_kernels/tuned/``)::
 
     {"<torch.cuda.get_device_name()>": {"<shape key>": {"<size>": {<config>}, ...}, ...}, ...}
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-PACKAGED_DIR = Path(__file__).with_name("tuned")
+PACKAGED_DIR = Path(__file__).parent
 
 
 def table_paths(op: str) -> list[Path]:

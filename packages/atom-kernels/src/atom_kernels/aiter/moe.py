@@ -1,0 +1,50 @@
+"""AITER adapters of :mod:`atom_kernels.moe` (fused MoE): ``aiter`` imported per call."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_kernels.moe import fused_moe, fused_moe_triton
+from atom_kernels.moe_align import moe_align_block_size, moe_align_block_size_triton
+
+# AITER's fused_moe sorts inside itself; its standalone sort has another output layout, so the
+# aiter backend of this op (used only by the Triton fused MoE) is our Triton kernel.
+moe_align_block_size.register("aiter")(moe_align_block_size_triton)
+
+
+@fused_moe.register("aiter")
+def fused_moe_aiter(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    interleaved: bool = False,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+) -> torch.Tensor:
+    kinds = {"silu": "Silu", "gelu": "Gelu"}
+    if activation not in kinds or interleaved or w13_bias is not None or w2_bias is not None:
+        return fused_moe_triton(
+            x,
+            w13,
+            w2,
+            topk_weights,
+            topk_ids,
+            activation=activation,
+            interleaved=interleaved,
+            w13_bias=w13_bias,
+            w2_bias=w2_bias,
+            swiglu_alpha=swiglu_alpha,
+            swiglu_limit=swiglu_limit,
+        )
+    from aiter import ActivationType
+    from aiter.fused_moe import fused_moe as aiter_fused_moe
+
+    return aiter_fused_moe(
+        x, w13, w2, topk_weights, topk_ids, activation=getattr(ActivationType, kinds[activation])
+    )
