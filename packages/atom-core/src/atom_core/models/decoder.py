@@ -26,9 +26,11 @@ from atom_core.compile import support_torch_compile
 from atom_core.config import Config
 from atom_core.distributed import get_tp_group
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from atom_core.layers.mlp import GatedMLP
+from atom_core.layers.moe import SparseMoeBlock
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import RopeSpec, hf_rope_parameters, rotary_embeddings_shared
-from atom_core.layers.self_attention import SelfAttentionSpec
+from atom_core.layers.self_attention import DecoderSelfAttention, SelfAttentionSpec
 from atom_core.loader import StackedWeight, WeightMap, load_weights
 from atom_core.log import logger
 
@@ -183,6 +185,21 @@ class CausalLM(nn.Module):
     def make_layer(self, layer_id: int, prefix: str) -> nn.Module:
         """Decoder layer ``layer_id``, named ``prefix``, built from the specs ``__init__`` read."""
         raise NotImplementedError
+
+    def self_attention_layer(self, layer_id: int, prefix: str, mlp: nn.Module) -> DecoderLayer:
+        """The layer of the families with HF-style self-attention: ``self.attention`` (the
+        :class:`SelfAttentionSpec`) with this layer's window from ``self.sliding_windows``, then
+        ``mlp``."""
+        attention = DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
+                                         self.sliding_windows[layer_id])
+        return DecoderLayer(attention, mlp, self.decoder.hidden_size, self.decoder.rms_norm_eps)
+
+    def sparse_or_dense_mlp(self, layer_id: int, prefix: str) -> nn.Module:
+        """The experts (``self.moe``) on the layers in ``self.sparse_layers``, else a dense gated
+        MLP of ``self.intermediate_size``."""
+        if layer_id in self.sparse_layers:
+            return SparseMoeBlock.from_spec(self.moe, self.decoder.hidden_size, f"{prefix}.mlp")
+        return GatedMLP(self.decoder.hidden_size, self.intermediate_size, f"{prefix}.mlp")
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

@@ -15,7 +15,6 @@ from types import MappingProxyType
 
 from atom_core.config import Config
 from atom_core.layers.moe import STACKED_TRANSPOSED, MoeSpec, SparseMoeBlock
-from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import WeightMap
 from atom_core.models.decoder import (
     STACKED_QKV_GATE_UP,
@@ -57,11 +56,5 @@ class GptOssForCausalLM(CausalLM):
         super().__init__(config, prefix)
 
     def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
-        d = self.decoder
-        return DecoderLayer(
-            DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
-                                 self.sliding_windows[layer_id]),
-            SparseMoeBlock.from_spec(self.moe, d.hidden_size, f"{prefix}.mlp"),
-            d.hidden_size,
-            d.rms_norm_eps,
-        )
+        mlp = SparseMoeBlock.from_spec(self.moe, self.decoder.hidden_size, f"{prefix}.mlp")
+        return self.self_attention_layer(layer_id, prefix, mlp)

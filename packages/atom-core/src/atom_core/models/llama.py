@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from atom_core.config import Config
 from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.self_attention import DecoderSelfAttention
 from atom_core.loader import WeightMap
 from atom_core.models.decoder import (
     STACKED_QKV_GATE_UP,
@@ -37,11 +36,5 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(config, prefix)
 
     def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
-        d = self.decoder
-        return DecoderLayer(
-            DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
-                                 self.sliding_windows[layer_id]),
-            GatedMLP(d.hidden_size, self.intermediate_size, f"{prefix}.mlp", bias=self.mlp_bias),
-            d.hidden_size,
-            d.rms_norm_eps,
-        )
+        mlp = GatedMLP(self.decoder.hidden_size, self.intermediate_size, f"{prefix}.mlp", bias=self.mlp_bias)
+        return self.self_attention_layer(layer_id, prefix, mlp)

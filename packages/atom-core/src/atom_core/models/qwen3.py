@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from atom_core.config import Config
 from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.self_attention import DecoderSelfAttention, SelfAttentionSpec
+from atom_core.layers.self_attention import SelfAttentionSpec
 from atom_core.loader import WeightMap
 from atom_core.models.decoder import (
     STACKED_QKV_GATE_UP,
@@ -44,11 +44,5 @@ class Qwen3ForCausalLM(CausalLM):
         super().__init__(config, prefix)
 
     def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
-        d = self.decoder
-        return DecoderLayer(
-            DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
-                                 self.sliding_windows[layer_id]),
-            GatedMLP(d.hidden_size, self.intermediate_size, f"{prefix}.mlp"),
-            d.hidden_size,
-            d.rms_norm_eps,
-        )
+        return self.self_attention_layer(
+            layer_id, prefix, GatedMLP(self.decoder.hidden_size, self.intermediate_size, f"{prefix}.mlp"))

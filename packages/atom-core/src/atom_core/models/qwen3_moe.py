@@ -9,9 +9,7 @@
 from __future__ import annotations
 
 from atom_core.config import Config
-from atom_core.layers.mlp import GatedMLP
-from atom_core.layers.moe import MoeSpec, SparseMoeBlock
-from atom_core.layers.self_attention import DecoderSelfAttention
+from atom_core.layers.moe import MoeSpec
 from atom_core.loader import ExpertWeightNames, WeightMap
 from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer, hf_sliding_windows
 from atom_core.models.qwen3 import QWEN3_HF_DEFAULTS, qwen3_attention_spec
@@ -37,15 +35,4 @@ class Qwen3MoeForCausalLM(CausalLM):
         super().__init__(config, prefix)
 
     def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
-        d = self.decoder
-        if layer_id in self.sparse_layers:
-            mlp = SparseMoeBlock.from_spec(self.moe, d.hidden_size, f"{prefix}.mlp")
-        else:
-            mlp = GatedMLP(d.hidden_size, self.intermediate_size, f"{prefix}.mlp")
-        return DecoderLayer(
-            DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
-                                 self.sliding_windows[layer_id]),
-            mlp,
-            d.hidden_size,
-            d.rms_norm_eps,
-        )
+        return self.self_attention_layer(layer_id, prefix, self.sparse_or_dense_mlp(layer_id, prefix))
