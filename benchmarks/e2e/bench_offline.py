@@ -1,23 +1,32 @@
-"""Native vLLM vs vLLM+ATOM, same GPU, same run: offline throughput and bf16 correctness.
+"""Native vLLM vs vLLM+ATOM, same GPU, same run: offline throughput and correctness.
 
-    python benchmarks/e2e/bench_offline.py --out results.json qwen3-8b qwen3-30b-a3b
+    python benchmarks/e2e/bench_offline.py --out results.json [--kv-cache-dtype fp8] qwen3-8b qwen3-30b-a3b
 
-For each model shape (benchmarks/models/NAME.json, dummy weights): one native engine
-(ATOM_DISABLE_VLLM_PLUGIN=1) and one ATOM engine, each in a fresh process, with vLLM's defaults
-(torch.compile + CUDA graphs); each runs the correctness probe (64 prompts x 128 greedy tokens,
-first-step top-20 logprobs) and the throughput workload (256 prompts x 1024 in / 128 out).
-Writes one JSON with both runs, agreement numbers and ratio = ATOM / native, and a markdown table.
+For each model shape (benchmarks/models/NAME.json, dummy weights in the checkpoint's format: bf16, or
+its quantization_config's, e.g. block FP8): one native engine (ATOM_DISABLE_VLLM_PLUGIN=1) and one
+ATOM engine, each in a fresh process, with vLLM's defaults (torch.compile + CUDA graphs); each runs
+the correctness probe (64 prompts x 128 greedy tokens, first-step top-20 logprobs) and the throughput
+workload (256 prompts x 1024 in / 128 out). Writes one JSON with both runs (each with the weights'
+memory from vLLM's "Model loading took X GiB" log line), agreement numbers and ratio = ATOM / native,
+and a markdown table.
 """
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
+# vLLM 0.26 logs the weights' memory once loaded: "Model loading took %s GiB memory and %.6f seconds"
+# (v1/worker/gpu_model_runner.py) or "Model loading took %s GiB and %.6f seconds" (model runner v2).
+WEIGHTS_GIB = re.compile(r"Model loading took ([0-9.]+) GiB")
+# vLLM 0.26's choice of linear and MoE kernels for quantized layers: "Selected %s for %s"
+# (model_executor/kernels/linear) and "Using %s Fp8 MoE backend ..." (fused_moe/oracle/fp8.py).
+KERNEL_CHOICE = re.compile(r"Selected \w+ for \w+|Using \w+ Fp8 MoE backend")
 
 
 def run_engine(config: str, atom: bool, out: str, extra: list[str]) -> dict:
@@ -32,14 +41,30 @@ def run_engine(config: str, atom: bool, out: str, extra: list[str]) -> dict:
         try:
             proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   timeout=int(os.environ.get("ATOM_BENCH_ENGINE_TIMEOUT", "900")))
+            error = f"exit {proc.returncode}" if proc.returncode else None
         except subprocess.TimeoutExpired:
-            return {"error": "timeout", "log_tail": open(log_path).read()[-4000:]}
-    if proc.returncode != 0:
-        tail = open(log_path).read()[-4000:]
-        return {"error": f"exit {proc.returncode}", "log_tail": tail}
+            error = "timeout"
+    log_text = open(log_path).read()
+    loaded = WEIGHTS_GIB.search(log_text)
+    weights_gib = float(loaded.group(1)) if loaded else None
+    if error:
+        return {"error": error, "weights_gib": weights_gib, "log_tail": log_text[-4000:]}
     result = json.load(open(out))
-    result["atom_log_lines"] = [line for line in open(log_path) if "INFO atom:" in line][:40]
+    result["weights_gib"] = weights_gib
+    lines = log_text.splitlines(keepends=True)
+    result["atom_log_lines"] = [line for line in lines if "INFO atom:" in line][:40]
+    result["vllm_kernel_lines"] = [line for line in lines if KERNEL_CHOICE.search(line)][:20]
     return result
+
+
+def weights_label(config: dict) -> str:
+    """The dummy weights' format: bf16, or the checkpoint's quantization ("block-FP8 128x128")."""
+    quant = config.get("quantization_config")
+    if not quant:
+        return "bf16"
+    if quant.get("quant_method") == "fp8" and quant.get("weight_block_size"):
+        return "block-FP8 " + "x".join(map(str, quant["weight_block_size"]))
+    return quant.get("quant_method", "quantized")
 
 
 def agreement(native: dict, atom: dict) -> dict:
@@ -65,18 +90,24 @@ def agreement(native: dict, atom: dict) -> dict:
     }
 
 
+def gib(run: dict) -> str:
+    return f"{run['weights_gib']:.2f}" if run.get("weights_gib") is not None else "?"
+
+
 def markdown(report: dict) -> str:
     lines = [f"# Offline throughput on {report['device']} (vLLM {report['vllm']}, torch {report['torch']})", "",
-             "256 prompts x 1024 random input tokens, 128 greedy output tokens, bf16 dummy weights.", "",
-             "| model | native out tok/s | ATOM out tok/s | ATOM / native | identical sequences | "
-             "first-step logprob max diff |", "|---|---|---|---|---|---|"]
+             "256 prompts x 1024 random input tokens, 128 greedy output tokens, dummy weights, "
+             f"KV cache dtype {report['kv_cache_dtype']}.", "",
+             "| model | weights | weights GiB native / ATOM | native out tok/s | ATOM out tok/s | ATOM / native | "
+             "identical sequences | first-step logprob max diff |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in report["models"].items():
+        memory = f"{gib(entry['native'])} / {gib(entry['atom'])}"
         if "ratio" not in entry:
-            lines.append(f"| {name} | failed | | | | |")
+            lines.append(f"| {name} | {entry['weights']} dummy | {memory} | failed | | | | |")
             continue
         agreement = entry["agreement"]
         lines.append(
-            f"| {name} | {entry['native']['throughput']['output_tok_s']:.0f} | "
+            f"| {name} | {entry['weights']} dummy | {memory} | {entry['native']['throughput']['output_tok_s']:.0f} | "
             f"{entry['atom']['throughput']['output_tok_s']:.0f} | {entry['ratio']['output_tok_s']:.2f} | "
             f"{agreement['identical_sequences']}/{agreement['prompts']} x {agreement['tokens_per_prompt']} tokens | "
             f"{agreement['first_step_top20_logprob_max_abs_diff']:.1e} |")
@@ -88,21 +119,24 @@ def main() -> None:
     parser.add_argument("models", nargs="+")
     parser.add_argument("--out", required=True)
     parser.add_argument("--extra", default="", help="extra engine_run.py arguments")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="LLM(kv_cache_dtype=...) for both engines")
     args = parser.parse_args()
     import torch
     import vllm
 
     report = {"device": torch.cuda.get_device_name(), "vllm": vllm.__version__, "torch": torch.__version__,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "models": {}}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "kv_cache_dtype": args.kv_cache_dtype, "models": {}}
     workdir = os.path.dirname(os.path.abspath(args.out))
+    extra = ["--kv-cache-dtype", args.kv_cache_dtype, *args.extra.split()]
     for name in args.models:
         config = os.path.join(MODELS, f"{name}.json")
         runs = {}
         for mode in ("native", "atom"):
             out = os.path.join(workdir, f"run-{name}-{mode}.json")
-            runs[mode] = run_engine(config, mode == "atom", out, args.extra.split())
-            print(name, mode, {k: v for k, v in runs[mode].items() if k in ("throughput", "error")}, flush=True)
-        entry = {"native": runs["native"], "atom": runs["atom"]}
+            runs[mode] = run_engine(config, mode == "atom", out, extra)
+            print(name, mode, {k: v for k, v in runs[mode].items() if k in ("throughput", "weights_gib", "error")},
+                  flush=True)
+        entry = {"weights": weights_label(json.load(open(config))), "native": runs["native"], "atom": runs["atom"]}
         if "error" not in runs["native"] and "error" not in runs["atom"]:
             entry["agreement"] = agreement(runs["native"], runs["atom"])
             if "throughput" in runs["native"]:

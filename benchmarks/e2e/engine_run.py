@@ -2,7 +2,7 @@
 
 Run in a fresh process per configuration (vLLM reads plugins and ATOM_* switches once per process):
     python engine_run.py --config CONFIG.json --out RESULT.json [--eager] [--correctness N,L]
-        [--throughput N,IN,OUT] [--decode-step B,S]
+        [--throughput N,IN,OUT] [--decode-step B,S] [--kv-cache-dtype auto|fp8|...]
 Prompts are random token ids with a fixed seed, so native and ATOM runs see the same inputs; dummy
 weights depend only on each parameter's shape (vLLM's dummy loader), so both see the same weights.
 """
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--throughput", default="256,1024,128", help="prompts,in,out ('' to skip)")
     parser.add_argument("--decode-step", default="", help="batch,steps: time of one decode step")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="LLM(kv_cache_dtype=...)")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -63,8 +64,8 @@ def main() -> None:
     start = time.perf_counter()
     llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0,
-              gpu_memory_utilization=0.85)
-    result = {"config": os.path.basename(args.config), "eager": args.eager,
+              gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype)
+    result = {"config": os.path.basename(args.config), "eager": args.eager, "kv_cache_dtype": args.kv_cache_dtype,
               "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1",
               "engine_start_s": time.perf_counter() - start,
               "served_by": llm.apply_model(describe_served_model)[0]}

@@ -41,7 +41,7 @@ EXPECTED_REASONS = {
     "mixtral-8x7b-instruct-v0.1": (),
     "deepseek-v2-lite": (),  # yarn rope
     "gpt-oss-20b": ("quantization 'mxfp4' is not supported",),
-    "deepseek-v3": ("quantization 'fp8' is not supported",),
+    "deepseek-v3": (),  # block FP8
 }
 
 
@@ -121,7 +121,7 @@ def qwen3(tmp_path):
 @pytest.mark.parametrize("fields,reason", [
     ({"architecture": "Qwen2ForCausalLM"}, "ATOM has no implementation of Qwen2ForCausalLM"),
     ({"generates": False}, "ATOM serves text generation, not embedding or pooling"),
-    ({"quantization": "fp8"}, "quantization 'fp8' is not supported"),
+    ({"quantization": "fp8"}, "online quantization 'fp8' of an unquantized checkpoint is not supported"),
     ({"lora": True}, "LoRA is not supported"),
     ({"pipeline_parallel_size": 2}, "pipeline parallelism (size 2) is not supported"),
     ({"kv_cache_dtype": "fp8_e4m3"}, "KV-cache dtype 'fp8_e4m3' is not supported"),
@@ -147,7 +147,8 @@ def test_unsupported_rope_types_are_handed_back(qwen3, rope_type):
 def test_all_reasons_are_named_in_one_line(qwen3):
     decision = decide_takeover(dataclasses.replace(qwen3, host="SGLang", quantization="awq", lora=True))
     assert decision.hand_back_line() == ("ATOM hands Qwen3ForCausalLM back to SGLang: "
-                                         "quantization 'awq' is not supported; LoRA is not supported")
+                                         "online quantization 'awq' of an unquantized checkpoint is not "
+                                         "supported; LoRA is not supported")
 
 
 def test_strict_takeover_refuses_a_hand_back_naming_the_reason(qwen3, monkeypatch, caplog):

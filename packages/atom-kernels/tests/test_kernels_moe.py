@@ -103,19 +103,25 @@ def test_grouped_topk_without_bias_uses_group_max(backend):
     assert_close(got_w, want_w, torch.float32)
 
 
-def reference_moe(x, w13, w2, weights, ids, activation="silu", w13_bias=None, w2_bias=None):
-    """Token by token in float64: sum_k w_k * (act(x @ w13[e].T) @ w2[e].T), [gate | up] halves."""
+def reference_moe(
+    x, w13, w2, weights, ids, activation="silu", w13_bias=None, w2_bias=None, fake_quant=None
+):
+    """Token by token in float64: sum_k w_k * (act(x @ w13[e].T) @ w2[e].T), [gate | up] halves.
+    ``fake_quant`` rounds the inputs of both products (the hidden row after rounding it to x's dtype,
+    where the op stores it)."""
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     inter = w13.shape[1] // 2
     for t in range(x.shape[0]):
         for k in range(ids.shape[1]):
             e = int(ids[t, k])
-            h = w13[e].double() @ x[t].double()
+            x_t = x[t] if fake_quant is None else fake_quant(x[t])
+            h = w13[e].double() @ x_t.double()
             if w13_bias is not None:
                 h = h + w13_bias[e].double()
             gate, up = h[:inter], h[inter:]
             act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-            y = w2[e].double() @ (act * up)
+            hidden = act * up if fake_quant is None else fake_quant((act * up).to(x.dtype))
+            y = w2[e].double() @ hidden.double()
             if w2_bias is not None:
                 y = y + w2_bias[e].double()
             out[t] += weights[t, k].double() * y
@@ -204,6 +210,136 @@ def test_fused_moe_gpt_oss_matches_hf(backend, dtype):
         torch.testing.assert_close(
             out.float(), expected, rtol=5e-2, atol=5e-2 * expected.abs().max().item()
         )
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def quantize_weights_fp8(w: torch.Tensor, block_size: int):
+    """(fp8 w, fp32 scales, dequantized fp32 w), scale = amax / 448 per block_size x block_size block
+    of each expert's weight (partial blocks at the edges), or per row with block_size 0 ([E, rows, 1])."""
+    experts, rows, cols = w.shape
+    block_rows, block_cols = (block_size, block_size) if block_size else (1, cols)
+    blocks = F.pad(w, (0, -cols % block_cols, 0, -rows % block_rows))
+    blocks = blocks.unflatten(2, (-1, block_cols)).unflatten(1, (-1, block_rows))
+    scale = blocks.abs().amax(dim=(2, 4)) / 448
+    expanded = scale.repeat_interleave(block_rows, 1).repeat_interleave(block_cols, 2)
+    expanded = expanded[:, :rows, :cols]
+    q = (w / expanded).clamp(-448, 448).to(FP8)
+    return q, scale, q.float() * expanded
+
+
+def fake_quant_fp8(v: torch.Tensor, block_size: int) -> torch.Tensor:
+    """fp32 ``v`` rounded through fp8 with scale = amax / 448 per group of block_size channels (the
+    last one partial), or per row with block_size 0."""
+    width = v.shape[-1]
+    group = block_size or width
+    groups = F.pad(v.float(), (0, -width % group)).unflatten(-1, (-1, group))
+    # The correctly rounded quotient, as the op computes it (CUDA divides by a scalar through its
+    # reciprocal).
+    scale = (groups.abs().amax(-1, keepdim=True).double() / 448).float()
+    return ((groups / scale).clamp(-448, 448).to(FP8).float() * scale).flatten(-2)[..., :width]
+
+
+def fp8_experts(num_experts: int, hidden: int, inter: int, block_size: int):
+    """Random FP8 w13 [E, 2I, D] and w2 [E, D, I]: (w13, w13_scale, w13 dequantized, w2, ...)."""
+    w13 = rand(num_experts, 2 * inter, hidden, scale=hidden**-0.5)
+    w2 = rand(num_experts, hidden, inter, scale=inter**-0.5)
+    return (*quantize_weights_fp8(w13, block_size), *quantize_weights_fp8(w2, block_size))
+
+
+@pytest.mark.parametrize("block_size", [0, 32, 128], ids=["per-channel", "block32", "block128"])
+def test_fused_moe_fp8_torch_reference(block_size):
+    num_tokens, hidden, inter, num_experts, top_k = 9, 256, 160, 4, 2  # I: 1.25 blocks of 128
+    x = rand(num_tokens, hidden, dtype=torch.bfloat16)
+    w13, w13_scale, w13_deq, w2, w2_scale, w2_deq = fp8_experts(num_experts, hidden, inter, block_size)
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    out = impl("fused_moe", "torch")(
+        x, w13, w2, weights, ids, w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size
+    )
+    assert out.dtype == torch.bfloat16
+    want = reference_moe(
+        x, w13_deq, w2_deq, weights, ids, fake_quant=lambda v: fake_quant_fp8(v, block_size)
+    )
+    assert_close(out, want, torch.bfloat16, "accumulated")
+    # Against the bf16 op on the dequantized weights: e4m3 keeps 3 mantissa bits, so quantizing an
+    # activation moves it by up to 2^-4 of its value (about 2.5% rms); with both GEMMs' inputs
+    # quantized the output is off by about 4% in norm: allow 8%.
+    unquantized = impl("fused_moe", "torch")(
+        x, w13_deq.to(torch.bfloat16), w2_deq.to(torch.bfloat16), weights, ids
+    )
+    error = (out.float() - unquantized.float()).norm() / unquantized.float().norm()
+    assert error < 0.08
+
+
+FP8_MOE_CASES = [
+    # num_tokens, hidden, inter, num_experts, top_k, block_size, interleaved, biases, activation
+    (1, 128, 64, 4, 1, 128, False, False, "silu"),  # I < B: gate and up rows share a scale block
+    (19, 256, 128, 4, 2, 128, True, True, "clamped_swiglu"),  # GPT-OSS-style, 19 rows: padding
+    (5, 96, 48, 8, 2, 32, False, True, "gelu_tanh"),  # I = 1.5 blocks: one spans gate and up
+    (37, 80, 64, 4, 2, 32, True, False, "silu"),  # D = 2.5 blocks; >16 rows per expert: BLOCK_M 32
+    (1, 64, 32, 4, 1, 0, False, False, "silu"),
+    (19, 96, 40, 4, 2, 0, True, True, "clamped_swiglu"),
+    (6, 64, 48, 8, 2, 0, False, True, "gelu"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "num_tokens, hidden, inter, num_experts, top_k, block_size, interleaved, biases, activation",
+    FP8_MOE_CASES,
+)
+def test_fused_moe_fp8_triton_matches_torch(
+    dtype, num_tokens, hidden, inter, num_experts, top_k, block_size, interleaved, biases, activation
+):
+    x = rand(num_tokens, hidden, dtype=dtype)
+    w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
+    if block_size == 0:
+        w13_scale = w13_scale.squeeze(-1)  # per-row scales as [E, rows] (w2's as [E, rows, 1])
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    options = {"activation": activation, "interleaved": interleaved, "block_size": block_size}
+    options.update(w13_scale=w13_scale, w2_scale=w2_scale)
+    if biases:
+        options.update(
+            w13_bias=rand(num_experts, 2 * inter, dtype=dtype),
+            w2_bias=rand(num_experts, hidden, dtype=dtype),
+        )
+    out = impl("fused_moe", "triton")(x, w13, w2, weights, ids, **options)
+    assert out.shape == x.shape and out.dtype == dtype
+    want = impl("fused_moe", "torch")(x, w13, w2, weights, ids, **options)
+    assert_close(out, want, dtype, "accumulated")
+
+
+def test_fused_moe_fp8_aiter_adapter_runs_triton():
+    """AITER's quantized MoE is not wired up: FP8 experts run the Triton kernel (no AITER here)."""
+    x = rand(3, 64, dtype=torch.bfloat16)
+    w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(4, 64, 32, 32)
+    weights, ids = routing(3, 4, 2)
+    args = (x, w13, w2, weights, ids)
+    options = {"w13_scale": w13_scale, "w2_scale": w2_scale, "block_size": 32}
+    out = impl("fused_moe", "aiter")(*args, **options)
+    assert torch.equal(out, impl("fused_moe", "triton")(*args, **options))
+
+
+@backends
+def test_fused_moe_fp8_errors_name_the_tensor(backend):
+    x = rand(3, 64, dtype=torch.bfloat16)
+    w13, w13_scale, w13_deq, w2, w2_scale, _ = fp8_experts(4, 64, 32, 32)
+    weights, ids = routing(3, 4, 2)
+    block = {"w13_scale": w13_scale, "w2_scale": w2_scale, "block_size": 32}
+    wrong = [
+        (w13, block | {"w2_scale": w2_scale[:, :1]},
+         r"w2_scale is torch.float32 \(4, 1, 1\), expected float32 \(4, 2, 1\)"),
+        (w13, block | {"block_size": 0}, r"w13_scale .* \(one scale per row\)"),
+        (w13, block | {"w13_scale": w13_scale.double()}, "w13_scale is torch.float64"),
+        (w13, block | {"w2_scale": None}, "w2 is torch.float8_e4m3fn and needs w2_scale"),
+        (w13, {}, "w13 is torch.float8_e4m3fn and needs w13_scale"),
+        (w13, block | {"block_size": 48}, "block_size 48 must be 0 or a multiple of 32"),
+        (w13_deq.to(torch.bfloat16), block, "w13 is torch.bfloat16; with scales it must be"),
+    ]
+    for w13_arg, options, message in wrong:
+        with pytest.raises(ValueError, match=message):
+            impl("fused_moe", backend)(x, w13_arg, w2, weights, ids, **options)
 
 
 @backends

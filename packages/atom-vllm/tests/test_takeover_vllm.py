@@ -2,7 +2,7 @@
 
 Configurations ATOM does not support are handed back: vLLM's own model and attention serve, one log
 line says why, and the outcome is vLLM alone's — the same greedy tokens, or, where vLLM alone cannot
-serve the configuration on this machine either (FP8 on a CPU without AMX), the same error. The
+serve the configuration on this machine either (online FP8 on a CPU without AMX), the same error. The
 configurations ATOM serves, it serves at parity with HF transformers: linear and YaRN rope (a prompt
 past ``max_position_embeddings``), prompt embeddings, prompt logprobs, and a token id past the
 vocabulary in one prompt (answered, and the engine serves the next ones unharmed).
@@ -80,10 +80,7 @@ HAND_BACK_CELLS = {
     "dynamic rope": ("LlamaForCausalLM", {"rope_parameters": rope("dynamic")},
                      {}, None, "rope type 'dynamic' is not supported"),
     "online quantization fp8": ("Qwen3ForCausalLM", {}, {"quantization": "fp8", **BF16}, None,
-                                "quantization 'fp8' is not supported"),
-    "block-FP8 checkpoint": ("Qwen3ForCausalLM", {"intermediate_size": 128}, BF16,
-                             lambda src, out: write_block_fp8_checkpoint(src, out, block=(32, 32)),
-                             "quantization 'fp8' is not supported"),
+                                "online quantization 'fp8' of an unquantized checkpoint is not supported"),
 }
 
 
@@ -186,9 +183,9 @@ def test_prompt_embeds_match_hf(tiny_model_dir):
 GRID = {
     # column: (checkpoint writer or None, EngineArgs settings, the reason ATOM hands back for, or None)
     "bf16": (None, BF16, None),
-    "block-FP8 checkpoint": (lambda src, out: write_block_fp8_checkpoint(src, out), BF16,
-                             "quantization 'fp8' is not supported"),
-    "quantization=fp8": (None, {"quantization": "fp8", **BF16}, "quantization 'fp8' is not supported"),
+    "block-FP8 checkpoint": (lambda src, out: write_block_fp8_checkpoint(src, out), BF16, None),
+    "quantization=fp8": (None, {"quantization": "fp8", **BF16},
+                         "online quantization 'fp8' of an unquantized checkpoint is not supported"),
     "LoRA": (None, {"enable_lora": True, **BF16}, "LoRA is not supported"),
 }
 

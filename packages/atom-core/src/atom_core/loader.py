@@ -32,9 +32,15 @@ class StackedWeight:
     shard: Any
 
 
+# The tensors of one expert projection: its weight and, in FP8 checkpoints, its scales. Each goes
+# to the stacked FusedMoE parameter of the same suffix (``w13_weight_scale_inv``).
+EXPERT_TENSORS = ("weight", "weight_scale_inv", "weight_scale", "input_scale")
+
+
 @dataclass(frozen=True)
 class ExpertWeightNames:
-    """Per-expert checkpoint names (``experts.{e}.<gate>.weight``) of a stacked FusedMoE."""
+    """Per-expert checkpoint names (``experts.{e}.<gate>.weight`` and the scales of
+    :data:`EXPERT_TENSORS`) of a stacked FusedMoE."""
 
     gate: str = "gate_proj"
     up: str = "up_proj"
@@ -61,13 +67,14 @@ class WeightMap:
         if self.experts is not None:
             e = self.experts
             match = re.fullmatch(
-                rf"(.*\.{e.container})\.(\d+)\.({e.gate}|{e.up}|{e.down})\.weight", name
+                rf"(.*\.{e.container})\.(\d+)\.({e.gate}|{e.up}|{e.down})\.({'|'.join(EXPERT_TENSORS)})",
+                name,
             )
             if match:
-                base, expert, kind = match.group(1), int(match.group(2)), match.group(3)
+                base, expert, kind, tensor = match.groups()
                 if kind == e.down:
-                    return f"{base}.w2_weight", expert
-                return f"{base}.w13_weight", (expert, 0 if kind == e.gate else 1)
+                    return f"{base}.w2_{tensor}", int(expert)
+                return f"{base}.w13_{tensor}", (int(expert), 0 if kind == e.gate else 1)
         parts = name.split(".")
         for rule in self.stacked:
             if rule.checkpoint in parts:
@@ -82,13 +89,14 @@ class WeightMap:
         return ".".join(original.get(part, part) for part in name.split("."))
 
     def _to_checkpoint_unrenamed(self, param_name: str, shard: Any) -> str:
-        if self.experts is not None and param_name.endswith(("w13_weight", "w2_weight")):
+        expert_param = re.fullmatch(rf"(.*)\.(w13|w2)_({'|'.join(EXPERT_TENSORS)})", param_name)
+        if self.experts is not None and expert_param:
             e = self.experts
-            base = param_name.rsplit(".", 1)[0]
-            if param_name.endswith("w2_weight"):
-                return f"{base}.{shard}.{e.down}.weight"
+            base, kind, tensor = expert_param.groups()
+            if kind == "w2":
+                return f"{base}.{shard}.{e.down}.{tensor}"
             expert, half = shard
-            return f"{base}.{expert}.{e.gate if half == 0 else e.up}.weight"
+            return f"{base}.{expert}.{e.gate if half == 0 else e.up}.{tensor}"
         parts = param_name.split(".")
         for rule in self.stacked:
             if rule.param in parts and rule.shard == shard:
@@ -110,9 +118,12 @@ def load_weights(
         param = params.get(param_name)
         if param is None:
             raise CheckpointError(f"checkpoint tensor {name!r} does not match any ATOM parameter")
+        _check_fp8(name, tensor, param_name, param)
+        if not getattr(param, "accepts_fp8", False) or tensor.dtype != torch.float8_e4m3fn:
+            tensor = tensor.to(param.dtype)
         try:
             with torch.no_grad():
-                param.weight_loader(param, tensor.to(param.dtype), shard)
+                param.weight_loader(param, tensor, shard)
         except (ValueError, IndexError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint tensor {name!r}: {exc}") from exc
         filled[param_name].add(shard)
@@ -123,6 +134,18 @@ def load_weights(
             more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
             raise CheckpointError(f"checkpoint is missing tensor {names}{more}")
     return set(params)
+
+
+def _check_fp8(name: str, tensor: torch.Tensor, param_name: str, param: nn.Parameter) -> None:
+    """An FP8 tensor must meet an FP8 parameter (or one that dequantizes it), and the other way
+    round: casting between them would drop or invent the scales."""
+    fp8_param = param.dtype == torch.float8_e4m3fn or getattr(param, "accepts_fp8", False)
+    fp8_tensor = tensor.dtype == torch.float8_e4m3fn
+    if fp8_tensor != fp8_param and (fp8_tensor or param.dtype == torch.float8_e4m3fn):
+        raise CheckpointError(
+            f"checkpoint tensor {name!r} is {tensor.dtype} but ATOM's {param_name} is {param.dtype}: "
+            "the checkpoint and its quantization_config disagree on which layers are FP8"
+        )
 
 
 def iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:

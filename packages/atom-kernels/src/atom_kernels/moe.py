@@ -3,6 +3,11 @@
 Expert weights use the stacked layout: ``w13`` [E, 2 * I, D] holds [gate | up] rows (interleaved
 gate/up rows, GPT-OSS's checkpoint layout, with ``interleaved=True``), ``w2`` [E, D, I]. Routing
 (:mod:`atom_kernels.routing`) gives the fp32 weights and int32 expert ids, both [num_tokens, top_k].
+
+FP8 experts (W8A8) keep ``w13``/``w2`` in float8_e4m3fn with fp32 scales, per B x B block of each
+expert's weight (DeepSeek-V3 and Qwen3-FP8 checkpoints, B = ``block_size``, 128 there) or per output
+row (``block_size`` 0). The activations of both GEMMs are quantized on the fly: per token and per
+group of B channels, or per token (:mod:`atom_kernels.quant`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from atom_kernels.activation import (
     silu_and_mul_torch,
 )
 from atom_kernels.moe_align import moe_align_block_size_triton
+from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, dot_precision, next_pow2
 from atom_kernels.tuned import all_tuned_configs, tuned_config
@@ -43,11 +49,20 @@ def fused_moe(
     w2_bias: torch.Tensor | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_size: int = 0,
 ) -> torch.Tensor:
     """``sum_k topk_weights[:, k] * down_e(act(gate_up_e(x)))`` over each token's experts
     ``e = topk_ids[:, k]``. ``activation``: ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` or
     ``"clamped_swiglu"`` (GPT-OSS, with ``swiglu_alpha`` and ``swiglu_limit``); optional per-expert
-    biases ``w13_bias`` [E, 2 * I] and ``w2_bias`` [E, D]."""
+    biases ``w13_bias`` [E, 2 * I] and ``w2_bias`` [E, D].
+
+    FP8 weights: float8_e4m3fn ``w13`` and ``w2`` with fp32 ``w13_scale`` and ``w2_scale``, with
+    ``block_size`` B > 0 one per B x B block ([E, ceil(2I / B), ceil(D / B)] and
+    [E, ceil(D / B), ceil(I / B)]), with ``block_size`` 0 one per row ([E, 2I] and [E, D], or with a
+    trailing 1). The inputs of both GEMMs are quantized to fp8 per token and group of B channels (per
+    token with ``block_size`` 0); biases are added after dequantization; the output has x's dtype."""
 
 
 ACTIVATIONS = {
@@ -72,6 +87,96 @@ def _expert_activation(
     raise ValueError(f"fused_moe: unknown activation {activation!r}; known: {sorted(ACTIVATIONS)}")
 
 
+def _check_fused_moe_args(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    block_size: int,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Check :func:`fused_moe`'s tensors; return the weight scales as [E, rows, K blocks] (per-row
+    scales as [E, rows, 1]), or (None, None) for unquantized weights."""
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    if w13.shape != (num_experts, 2 * inter, hidden) or w2.shape != (num_experts, hidden, inter):
+        raise ValueError(
+            f"fused_moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
+        )
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != num_tokens:
+        raise ValueError(
+            f"fused_moe: topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)}"
+        )
+    if w13_scale is None and w2_scale is None and FP8_DTYPE not in (w13.dtype, w2.dtype):
+        if block_size:
+            raise ValueError(f"fused_moe: block_size {block_size} without w13_scale and w2_scale")
+        if w13.dtype != x.dtype or w2.dtype != x.dtype:
+            raise ValueError(f"fused_moe: weights {w13.dtype}/{w2.dtype} must match x {x.dtype}")
+        return None, None
+    # fp8 tl.dot takes K steps of at least 32, and a K step must lie inside one scale block.
+    if block_size < 0 or block_size % 32:
+        raise ValueError(f"fused_moe: block_size {block_size} must be 0 or a multiple of 32")
+    scales = []
+    for name, w, scale in (("w13", w13, w13_scale), ("w2", w2, w2_scale)):
+        if w.dtype != FP8_DTYPE:
+            raise ValueError(f"fused_moe: {name} is {w.dtype}; with scales it must be {FP8_DTYPE}")
+        if scale is None:
+            raise ValueError(f"fused_moe: {name} is {FP8_DTYPE} and needs {name}_scale")
+        rows, cols = w.shape[1:]
+        if block_size:
+            shapes = [(num_experts, -(-rows // block_size), -(-cols // block_size))]
+        else:
+            shapes = [(num_experts, rows), (num_experts, rows, 1)]
+        if tuple(scale.shape) not in shapes or scale.dtype != torch.float32:
+            raise ValueError(
+                f"fused_moe: {name}_scale is {scale.dtype} {tuple(scale.shape)}, expected float32 "
+                + " or ".join(map(str, shapes))
+                + (f" for block_size {block_size}" if block_size else " (one scale per row)")
+            )
+        scales.append(scale if block_size else scale.reshape(num_experts, rows, 1))
+    return scales[0], scales[1]
+
+
+def quantize_activations(
+    a: torch.Tensor, block_size: int, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 ``(q, scale)`` of a W8A8 GEMM's input [M, K], by ``backend``'s quant op: per token and
+    group of ``block_size`` channels (scale [M, ceil(K / block_size)]; a last, partial group on its
+    own), or per token (scale [M, 1]) with ``block_size`` 0."""
+    if block_size == 0:
+        return per_token_quant_fp8.impl(backend)(a)
+    width = a.shape[-1]
+    if width % block_size:
+        # Zeros leave the partial group's amax as it is.
+        a = torch.nn.functional.pad(a, (0, -width % block_size))
+    q, scale = per_group_quant_fp8.impl(backend)(a, block_size)
+    return q[:, :width], scale
+
+
+def _dequantize(
+    q: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int
+) -> torch.Tensor:
+    """fp32 ``q`` times its scales, one per ``block_rows`` x ``block_cols`` block of q's 2 dims."""
+    scale = scale.repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)
+    return q.float() * scale[: q.shape[0], : q.shape[1]]
+
+
+def _expert_linear(
+    a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, expert: int, block_size: int
+) -> torch.Tensor:
+    """``a @ w[expert].T``; for FP8 weights (a ``scale``) in fp32, as the W8A8 GEMM computes it:
+    ``a`` quantized to fp8 like the Triton path's activations, then both dequantized."""
+    if scale is None:
+        return a @ w[expert].t()
+    width = a.shape[1]
+    q, a_scale = quantize_activations(a, block_size, "torch")
+    a = _dequantize(q, a_scale, 1, block_size or width)
+    return a @ _dequantize(w[expert], scale[expert], block_size or 1, block_size or width).t()
+
+
 @fused_moe.register("torch")
 def fused_moe_torch(
     x: torch.Tensor,
@@ -86,7 +191,13 @@ def fused_moe_torch(
     w2_bias: torch.Tensor | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_size: int = 0,
 ) -> torch.Tensor:
+    w13_scale, w2_scale = _check_fused_moe_args(
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size
+    )
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(topk_ids.shape[1])
@@ -94,11 +205,13 @@ def fused_moe_torch(
     for expert in flat_ids.unique().tolist():
         rows = (flat_ids == expert).nonzero().squeeze(1)
         tokens = token_of[rows]
-        gate_up = x[tokens] @ w13[expert].t()
+        gate_up = _expert_linear(x[tokens], w13, w13_scale, expert, block_size)
         if w13_bias is not None:
             gate_up = gate_up + w13_bias[expert]
         hidden = _expert_activation(gate_up, activation, swiglu_alpha, swiglu_limit, interleaved)
-        down = hidden @ w2[expert].t()
+        # FP8 weights: the intermediate is stored in x's dtype before it is quantized, as in Triton.
+        hidden = hidden.to(x.dtype)
+        down = _expert_linear(hidden, w2, w2_scale, expert, block_size)
         if w2_bias is not None:
             down = down + w2_bias[expert]
         out.index_add_(0, tokens, down.float() * flat_weights[rows, None].float())
@@ -114,6 +227,8 @@ def fused_moe_torch(
 #    the activation applied in the epilogue -> hidden [T * top_k, I].
 # 3. _moe_gemm_kernel, plain: hidden rows @ w2[e]^T times the routing weight -> [T * top_k, D].
 # 4. _moe_sum_kernel sums the top_k rows of each token.
+# With FP8 weights, x and the hidden rows are quantized to fp8 before their GEMM, and the GEMMs apply
+# the scales of both operands: per K step (block FP8) or in the epilogue (per row / per token).
 
 
 @triton.jit(do_not_specialize=["num_entries"])
@@ -125,6 +240,8 @@ def _moe_gemm_kernel(
     topk_weights_ptr,
     sorted_ids_ptr,
     block_expert_ptr,
+    a_scale_ptr,
+    w_scale_ptr,
     num_entries,
     N,
     K,
@@ -133,6 +250,9 @@ def _moe_gemm_kernel(
     w_stride_n,
     bias_stride_e,
     out_stride,
+    a_scale_stride,
+    w_scale_stride_e,
+    w_scale_stride_n,
     up_offset,
     gate_up_step,
     alpha,
@@ -142,6 +262,8 @@ def _moe_gemm_kernel(
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
+    W8A8: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -168,9 +290,8 @@ def _moe_gemm_kernel(
     col_valid = cols < N
     # Padding rows read row 0 and columns past N wrap around: the loads stay in bounds without
     # masks, and the store drops those rows and columns.
-    a_rows = (
-        a_ptr + tl.where(row_valid, entries // A_ROW_DIVISOR, 0).to(tl.int64)[:, None] * a_stride
-    )
+    a_row_ids = tl.where(row_valid, entries // A_ROW_DIVISOR, 0).to(tl.int64)
+    a_rows = a_ptr + a_row_ids[:, None] * a_stride
     w_expert = w_ptr + expert * w_stride_e
     # Gate/up row n of w13 is n * gate_up_step (+ up_offset for up): step 1 and offset I for the
     # stacked [gate | up] layout, step 2 and offset 1 for interleaved rows.
@@ -180,6 +301,18 @@ def _moe_gemm_kernel(
     if GATED:
         up_cols = w_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_stride_n
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if W8A8:
+        # fp8 A and W. A's scale rows are gathered like its rows; weight row r has scale row
+        # r // SCALE_BLOCK (blocks of SCALE_BLOCK x SCALE_BLOCK), or r with SCALE_BLOCK 0 (per row).
+        a_scales = a_scale_ptr + a_row_ids * a_scale_stride
+        scale_rows = w_rows
+        up_scale_rows = w_rows + up_offset
+        if SCALE_BLOCK > 0:
+            scale_rows = scale_rows // SCALE_BLOCK
+            up_scale_rows = up_scale_rows // SCALE_BLOCK
+        w_scale_expert = w_scale_ptr + expert * w_scale_stride_e
+        w_scales = w_scale_expert + scale_rows.to(tl.int64) * w_scale_stride_n
+        up_scales = w_scale_expert + up_scale_rows.to(tl.int64) * w_scale_stride_n
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
@@ -188,14 +321,33 @@ def _moe_gemm_kernel(
         else:
             a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
             w = tl.load(w_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+        # fp8: a fresh dot per K step, added in fp32 (Hopper's fp8 MMA accumulates with fewer bits
+        # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
+        if SCALE_BLOCK > 0:
+            k_group = k0 // SCALE_BLOCK
+            a_scale = tl.load(a_scales + k_group)[:, None]
+            acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
+        elif W8A8:
+            acc += tl.dot(a, w)
+        else:
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         if GATED:
             if EVEN_K:
                 w_up = tl.load(up_cols + ks[:, None])
             else:
                 w_up = tl.load(up_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
-            acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
+            if SCALE_BLOCK > 0:
+                acc_up += tl.dot(a, w_up) * (a_scale * tl.load(up_scales + k_group)[None, :])
+            elif W8A8:
+                acc_up += tl.dot(a, w_up)
+            else:
+                acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
 
+    if W8A8 and SCALE_BLOCK == 0:
+        a_scale = tl.load(a_scales)[:, None]
+        acc *= a_scale * tl.load(w_scales)[None, :]
+        if GATED:
+            acc_up *= a_scale * tl.load(up_scales)[None, :]
     if HAS_BIAS:
         bias_row = bias_ptr + expert * bias_stride_e
         acc += tl.load(bias_row + cols * gate_up_step, mask=col_valid, other=0.0).to(tl.float32)[
@@ -230,7 +382,8 @@ def default_moe_config(num_entries: int, num_experts: int) -> dict:
 
 
 def moe_shape_key(num_experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
-    """The key of a fused-MoE shape in the tuned tables (atom_kernels.tuned)."""
+    """The key of a fused-MoE shape in the tuned tables (atom_kernels.tuned); ``dtype`` is the
+    weights', so FP8 experts have keys of their own."""
     return f"E={num_experts},D={hidden},I={inter},top_k={top_k},dtype={str(dtype).split('.')[-1]}"
 
 
@@ -259,11 +412,20 @@ def launch_moe_gemm(
     interleaved: bool = False,
     alpha: float = 0.0,
     limit: float = math.inf,
+    a_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    block_size: int = 0,
 ) -> None:
+    """One GEMM of the fused MoE. FP8 ``a`` and ``w`` come with their scales: with ``block_size``,
+    ``a_scale`` [a rows, K groups] and ``w_scale`` [E, row blocks, K blocks]; with ``block_size`` 0,
+    ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]."""
     n, k = out.shape[1], a.shape[1]
     up_offset, step = (1, 2) if interleaved else (n, 1)
     if not gated:
         up_offset, step = 0, 1
+    if block_size:
+        # A K step must lie inside one scale block: BLOCK_K (a power of two) clamped to a divisor.
+        tiles = {**tiles, "BLOCK_K": math.gcd(tiles["BLOCK_K"], block_size)}
     grid = (block_expert.shape[0] * triton.cdiv(n, tiles["BLOCK_N"]),)
     _moe_gemm_kernel[grid](
         a,
@@ -273,6 +435,8 @@ def launch_moe_gemm(
         topk_weights,
         sorted_ids,
         block_expert,
+        a_scale,
+        w_scale,
         num_entries,
         n,
         k,
@@ -281,6 +445,9 @@ def launch_moe_gemm(
         w.stride(1),
         bias.stride(0) if bias is not None else 0,
         out.stride(0),
+        a_scale.stride(0) if a_scale is not None else 0,
+        w_scale.stride(0) if w_scale is not None else 0,
+        w_scale.stride(1) if w_scale is not None else 0,
         up_offset,
         step,
         alpha,
@@ -290,6 +457,8 @@ def launch_moe_gemm(
         ACT=act,
         HAS_BIAS=bias is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
+        W8A8=w_scale is not None,
+        SCALE_BLOCK=block_size if w_scale is not None else 0,
         DOT_PRECISION=dot_precision(a.dtype),
         EVEN_K=k % tiles["BLOCK_K"] == 0,
         BLOCK_M=block_m,
@@ -311,26 +480,23 @@ def fused_moe_triton(
     w2_bias: torch.Tensor | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_size: int = 0,
 ) -> torch.Tensor:
     if activation not in ACTIVATIONS:
         raise ValueError(
             f"fused_moe: unknown activation {activation!r}; known: {sorted(ACTIVATIONS)}"
         )
+    w13_scale, w2_scale = _check_fused_moe_args(
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size
+    )
+    tensors = {"x": x, "w13": w13, "w2": w2, "w13_scale": w13_scale, "w2_scale": w2_scale}
+    for name, t in tensors.items():
+        if t is not None:
+            check_last_dim_contiguous(name, t)
     num_tokens, hidden = x.shape
-    num_experts, two_i, _ = w13.shape
-    inter = two_i // 2
-    if w13.shape != (num_experts, 2 * inter, hidden) or w2.shape != (num_experts, hidden, inter):
-        raise ValueError(
-            f"fused_moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
-        )
-    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != num_tokens:
-        raise ValueError(
-            f"fused_moe: topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)}"
-        )
-    if w13.dtype != x.dtype or w2.dtype != x.dtype:
-        raise ValueError(f"fused_moe: weights {w13.dtype}/{w2.dtype} must match x {x.dtype}")
-    for name, t in (("x", x), ("w13", w13), ("w2", w2)):
-        check_last_dim_contiguous(name, t)
+    num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return torch.zeros_like(x)
@@ -341,14 +507,18 @@ def fused_moe_triton(
         "limit": swiglu_limit,
         "w13_bias": w13_bias,
         "w2_bias": w2_bias,
+        "w13_scale": w13_scale,
+        "w2_scale": w2_scale,
+        "block_size": block_size,
     }
-    key = moe_shape_key(num_experts, hidden, inter, top_k, x.dtype)
+    key = moe_shape_key(num_experts, hidden, inter, top_k, w13.dtype)
     if key not in _warmed_up_shapes:
         # For hosts that did not call warm_up_fused_moe before serving: the first call of a shape
         # compiles its tuned configs (an engine's warm-up pass makes that call).
         warm_up_fused_moe(w13, w2, top_k, activation=activation, interleaved=interleaved,
                           w13_bias=w13_bias, w2_bias=w2_bias, swiglu_alpha=swiglu_alpha,
-                          swiglu_limit=swiglu_limit)
+                          swiglu_limit=swiglu_limit, w13_scale=w13_scale, w2_scale=w2_scale,
+                          block_size=block_size, x_dtype=x.dtype)
     config = moe_config(key, num_tokens, num_experts, top_k, x)
     return run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, **gemm_options)
 
@@ -367,26 +537,34 @@ def warm_up_fused_moe(
     w2_bias: torch.Tensor | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_size: int = 0,
+    x_dtype: torch.dtype | None = None,
 ) -> None:
     """Compile the Triton fused MoE for every tuned tile config of one layer's shape on this GPU, so
     that no batch size compiles one while serving: one-token runs with fp32 routing weights and int32
-    ids (what :mod:`atom_kernels.routing` returns). Arguments as :func:`fused_moe`'s for the layer.
-    Once per shape; nothing to do off CUDA, for a shape without a tuned table, or while a CUDA graph
-    is being captured (compiling is not capturable: the shape stays pending)."""
+    ids (what :mod:`atom_kernels.routing` returns). Arguments as :func:`fused_moe`'s for the layer;
+    ``x_dtype`` is the activations' dtype, by default the weights' (FP8 weights need it). Once per
+    shape; nothing to do off CUDA, for a shape without a tuned table, or while a CUDA graph is being
+    captured (compiling is not capturable: the shape stays pending)."""
     if not w13.is_cuda or torch.cuda.is_current_stream_capturing():
         return
     num_experts, two_i, hidden = w13.shape
     key = moe_shape_key(num_experts, hidden, two_i // 2, top_k, w13.dtype)
     if key in _warmed_up_shapes:
         return
+    if x_dtype is None and w13.dtype == FP8_DTYPE:
+        raise ValueError("warm_up_fused_moe: FP8 weights need x_dtype, the activations' dtype")
     _warmed_up_shapes.add(key)
-    x = torch.zeros((1, hidden), dtype=w13.dtype, device=w13.device)
+    x = torch.zeros((1, hidden), dtype=x_dtype or w13.dtype, device=w13.device)
     topk_ids = (torch.arange(top_k, device=w13.device) % num_experts).to(torch.int32)[None, :]
     topk_weights = torch.full((1, top_k), 1.0 / top_k, dtype=torch.float32, device=w13.device)
     for config in all_tuned_configs("fused_moe", key, w13.device):
         run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, act=ACTIVATIONS[activation],
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
-                      w13_bias=w13_bias, w2_bias=w2_bias)
+                      w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
+                      block_size=block_size)
 
 
 def run_fused_moe(
@@ -403,6 +581,9 @@ def run_fused_moe(
     limit: float = 7.0,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_size: int = 0,
 ) -> torch.Tensor:
     """The Triton fused MoE with a given tile config (:func:`moe_config`'s form); no checks."""
     num_tokens, hidden = x.shape
@@ -411,9 +592,11 @@ def run_fused_moe(
     num_entries = num_tokens * top_k
     block_m = config["BLOCK_M"]
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
+    fp8 = w13_scale is not None
+    a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     launch_moe_gemm(
-        x,
+        a,
         w13,
         w13_bias,
         hidden_states,
@@ -429,10 +612,16 @@ def run_fused_moe(
         interleaved=interleaved,
         alpha=alpha,
         limit=limit,
+        a_scale=a_scale,
+        w_scale=w13_scale,
+        block_size=block_size,
+    )
+    a, a_scale = (
+        quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
     )
     expert_out = torch.empty((num_entries, hidden), dtype=x.dtype, device=x.device)
     launch_moe_gemm(
-        hidden_states,
+        a,
         w2,
         w2_bias,
         expert_out,
@@ -443,6 +632,9 @@ def run_fused_moe(
         1,
         block_m,
         config["down"],
+        a_scale=a_scale,
+        w_scale=w2_scale,
+        block_size=block_size,
     )
     out = torch.empty_like(x)
     block_d = min(1024, next_pow2(hidden))

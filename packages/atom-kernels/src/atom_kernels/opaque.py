@@ -39,6 +39,27 @@ def _routing(router_logits, top_k, *args, **kwargs):
             router_logits.new_empty(shape, dtype=torch.int32))
 
 
+def _quantized(x, *args, dtype=torch.float8_e4m3fn, scale_columns=None, **kwargs):
+    rows = x.reshape(-1, x.shape[-1]).shape[0]
+    return x.new_empty(x.shape, dtype=dtype), x.new_empty((rows, scale_columns), dtype=torch.float32)
+
+
+def _per_tensor_quantized(x, scale=None, *, dtype=torch.float8_e4m3fn):
+    return x.new_empty(x.shape, dtype=dtype), x.new_empty((1,), dtype=torch.float32)
+
+
+def _per_token_quantized(x, *, dtype=torch.float8_e4m3fn):
+    return _quantized(x, dtype=dtype, scale_columns=1)
+
+
+def _per_group_quantized(x, group_size=128, *, dtype=torch.float8_e4m3fn):
+    return _quantized(x, dtype=dtype, scale_columns=x.shape[-1] // group_size)
+
+
+def _fp8_gemm(a, b, a_scale, b_scale, out_dtype=torch.bfloat16, *args, **kwargs):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
 # The ops wrapped, each with its fake impl; the schema comes from the op's stub.
 FAKES: dict[str, Callable] = {
     "rms_norm": _same_as_first,
@@ -51,6 +72,11 @@ FAKES: dict[str, Callable] = {
     "topk_softmax": _routing,
     "grouped_topk": _routing,
     "fused_moe": _same_as_first,
+    "per_tensor_quant_fp8": _per_tensor_quantized,
+    "per_token_quant_fp8": _per_token_quantized,
+    "per_group_quant_fp8": _per_group_quantized,
+    "fp8_scaled_mm": _fp8_gemm,
+    "fp8_block_scaled_mm": _fp8_gemm,
 }
 
 

@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | any quantization method, from the checkpoint or requested (``quantization="fp8"``) |
+| quantization | a scheme atom_core.quantization does not serve; online (``quantization="fp8"`` on bf16) |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype |
@@ -34,6 +34,7 @@ from atom_core import envs
 from atom_core.layers.rotary import SUPPORTED_ROPE_TYPES, hf_rope_parameters
 from atom_core.log import logger
 from atom_core.models import SUPPORTED_ARCHITECTURES
+from atom_core.quantization import UnsupportedQuantization, quant_config_from_hf
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -72,10 +73,26 @@ def _task(model: HostedModel) -> str | None:
     return None if model.generates else "ATOM serves text generation, not embedding or pooling"
 
 
+# HF config keys that give a family's routed expert count: a model with experts has one.
+_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
 def _quantization(model: HostedModel) -> str | None:
-    if model.quantization is None:
-        return None
-    return f"quantization {model.quantization!r} is not supported"
+    try:
+        checkpoint = quant_config_from_hf(model.hf_config)
+    except UnsupportedQuantization as exc:
+        return str(exc)
+    if checkpoint is None:
+        if model.quantization is None:
+            return None
+        return f"online quantization {model.quantization!r} of an unquantized checkpoint is not supported"
+    if model.quantization not in (None, checkpoint.method):
+        return (f"quantization {model.quantization!r} differs from the checkpoint's "
+                f"{checkpoint.method!r}")
+    has_experts = any(getattr(model.hf_config, key, None) for key in _EXPERT_COUNT_KEYS)
+    if checkpoint.scheme.static_input and has_experts:
+        return "static FP8 activation scales on MoE experts are not supported"
+    return None
 
 
 def _lora(model: HostedModel) -> str | None:

@@ -3,10 +3,18 @@
 Each weight carries ``weight_loader(param, loaded_weight, shard_id)`` that slices a full checkpoint
 tensor for this rank, and ``expected_shards``: the shard ids a complete checkpoint provides for it
 (``(None,)`` for a plain tensor, ``("q", "k", "v")`` for fused QKV, ``(0, 1)`` for gate/up).
+
+A layer built under an FP8 quantization (atom_core.quantization.context) holds an fp8 ``weight``
+and its scales under the checkpoint's names (``weight_scale_inv`` per block, or ``weight_scale`` per
+output channel, plus ``input_scale`` for static activations). Every layer kind places a checkpoint
+tensor the same way, through :meth:`LinearBase.row_plan`: which rows of the full tensor are this
+rank's and where they go; block scales follow in units of blocks, and a per-tensor scale fills its
+shard's channels.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -14,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from atom_core.distributed import divide, get_tp_group
+from atom_core.quantization.context import layer_scheme
+from atom_core.quantization.fp8 import FP8_DTYPE, dequantize_fp8, fp8_linear, weight_scale_shape
 
 
 def make_param(shape: Sequence[int], loader, expected_shards=(None,),
@@ -55,7 +65,8 @@ def rank_sharded_weight_loader(dim: int):
 
 
 class LinearBase(nn.Module):
-    """y = x W^T (+ b). ``shard_dim`` is the weight dim split across TP ranks (None: replicated)."""
+    """y = x W^T (+ b). ``shard_dim`` is the weight dim split across TP ranks (None: replicated).
+    Subclasses place checkpoint rows through :meth:`row_plan`."""
 
     def __init__(
         self,
@@ -65,30 +76,107 @@ class LinearBase(nn.Module):
         shard_dim: int | None,
         prefix: str,
         expected_shards: Sequence = (None,),
+        dequantize: bool = False,
     ):
         super().__init__()
         self.prefix = prefix
         self.tp = get_tp_group()
         self.shard_dim = shard_dim
-        self.weight = make_param((output_size, input_size), self.weight_loader, expected_shards)
+        # The checkpoint's scheme for this layer; ``dequantize`` keeps the layer in the model dtype
+        # and dequantizes an FP8 checkpoint weight at load (MLA's kv_b_proj, read as W_UK / W_UV).
+        self.checkpoint_scheme = layer_scheme(prefix)
+        self.scheme = None if dequantize else self.checkpoint_scheme
+        dtype = None if self.scheme is None else FP8_DTYPE
+        self.weight = make_param((output_size, input_size), self.weight_loader, expected_shards, dtype)
         # A row-parallel bias is added once, after the reduction: it is not sharded.
         self.bias = (
             make_param((output_size,), self.weight_loader, expected_shards) if bias else None
         )
+        self.input_scale = None
+        if self.checkpoint_scheme is not None:
+            self._check_blocks(output_size, input_size)
+            shape = weight_scale_shape(self.checkpoint_scheme, output_size, input_size)
+            self.register_parameter(self.checkpoint_scheme.weight_scale_name, make_param(
+                shape, self.weight_loader, expected_shards, torch.float32))
+        if self.scheme is None and self.checkpoint_scheme is not None:
+            if tuple(expected_shards) != (None,) or self.checkpoint_scheme.static_input:
+                raise ValueError(f"{prefix}: only a single-tensor layer with dynamic activations "
+                                 "can be dequantized at load")
+            self.weight.accepts_fp8 = True
+            self._pending_fp8: dict[str, torch.Tensor] = {}
+        if self.scheme is not None:
+            if self.scheme.static_input:
+                # The largest of the fused shards' scales: loaded with max, so it starts at zero.
+                self.input_scale = make_param((1,), self.weight_loader, expected_shards, torch.float32)
+                self.input_scale.data.zero_()
+
+    def _check_blocks(self, output_size: int, input_size: int) -> None:
+        """Block scales cannot straddle a TP split or a fused shard boundary."""
+        block = self.checkpoint_scheme.weight_block
+        shards = self.weight.expected_shards
+        sharded = self.tp.world_size > 1 and self.shard_dim is not None
+        sizes = []
+        if len(shards) > 1 or (sharded and self.shard_dim == 0):
+            sizes = [self.row_plan(shard)[1] for shard in shards]
+        if self.scheme is not None:  # activations are quantized in groups of the block along K
+            sizes.append(input_size)
+        uneven = [size for size in sizes if block is not None and size % block]
+        if uneven:
+            raise ValueError(f"{self.prefix}: block-FP8 with block {block} needs input and shard sizes "
+                             f"that are multiples of it, got {uneven} (TP {self.tp.world_size})")
 
     def _rank_slice(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         size = divide(loaded.shape[dim], self.tp.world_size)
         return loaded.narrow(dim, self.tp.rank * size, size)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def row_plan(self, shard_id) -> tuple[int, int, int]:
+        """(first row in the parameter, row count, first row in the checkpoint tensor) of ``shard_id``."""
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} takes one unsharded tensor, got shard {shard_id}")
-        if self.shard_dim is not None and self.shard_dim < loaded.dim():
-            loaded = self._rank_slice(loaded, self.shard_dim)
-        copy_checked(param.data, loaded)
+        rows = self.weight.shape[0]
+        return 0, rows, self.tp.rank * rows if self.shard_dim == 0 else 0
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if self.checkpoint_scheme is not None and self.scheme is None:
+            self._dequantize_when_complete(param, loaded)
+        start, rows, source_start = self.row_plan(shard_id)
+        if param is self.input_scale:
+            param.data.copy_(torch.maximum(param.data, loaded.reshape(1)))
+            return
+        if param is not self.weight and loaded.numel() == 1 and param.dim() == 1 and self.checkpoint_scheme:
+            param.data.narrow(0, start, rows).fill_(loaded.item())  # a per-tensor weight scale
+            return
+        if param is self.weight and loaded.dtype == FP8_DTYPE and self.scheme is None:
+            return  # placed by _dequantize_when_complete
+        unit = 1 if param.dim() == 1 or param is self.weight else self.checkpoint_scheme.weight_block
+        if param.dim() == 1:
+            loaded = loaded.reshape(-1)  # per-channel scales ship as [N] or [N, 1]
+        target = param.data.narrow(0, start // unit, math.ceil(rows / unit))
+        source = loaded.narrow(0, source_start // unit, math.ceil(rows / unit))
+        if self.shard_dim == 1 and param.dim() == 2:
+            source = self._rank_slice(source, 1)
+        copy_checked(target, source)
+
+    def _dequantize_when_complete(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """Keep the FP8 weight or its scale, whichever comes first; with both, load the dequantized
+        weight."""
+        if param is self.weight and loaded.dtype != FP8_DTYPE:
+            return  # an unquantized checkpoint tensor: loaded as it is
+        self._pending_fp8["weight" if param is self.weight else "scale"] = loaded
+        if len(self._pending_fp8) == 2:
+            pending, self._pending_fp8 = self._pending_fp8, {}
+            weight = dequantize_fp8(pending["weight"], pending["scale"],
+                                    self.checkpoint_scheme.weight_block)
+            self.weight_loader(self.weight, weight.to(self.weight.dtype))
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.scheme is None:
+            return F.linear(x, self.weight, bias)
+        return fp8_linear(x, self.scheme, self.weight, getattr(self, self.scheme.weight_scale_name),
+                          self.input_scale, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -100,9 +188,10 @@ class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; each rank returns its slice (no gather)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, prefix: str = "",
-                 expected_shards: Sequence = (None,)):
+                 expected_shards: Sequence = (None,), dequantize: bool = False):
         tp_size = get_tp_group().world_size
-        super().__init__(input_size, divide(output_size, tp_size), bias, 0, prefix, expected_shards)
+        super().__init__(input_size, divide(output_size, tp_size), bias, 0, prefix, expected_shards,
+                         dequantize)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -114,13 +203,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(output_sizes), bias, prefix,
                          expected_shards=range(len(output_sizes)))
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def row_plan(self, shard_id) -> tuple[int, int, int]:
         if shard_id is None:
             raise ValueError(f"{type(self).__name__} needs a shard id (0..{len(self.output_sizes) - 1})")
         tp_size = self.tp.world_size
-        offset = sum(self.output_sizes[:shard_id]) // tp_size
         size = self.output_sizes[shard_id] // tp_size
-        copy_checked(param.data.narrow(0, offset, size), self._rank_slice(loaded, 0))
+        return sum(self.output_sizes[:shard_id]) // tp_size, size, self.tp.rank * size
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -141,19 +229,16 @@ class QKVParallelLinear(ColumnParallelLinear):
         super().__init__(hidden_size, local_out * tp_size, bias, prefix,
                          expected_shards=("q", "k", "v"))
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def row_plan(self, shard_id) -> tuple[int, int, int]:
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
         rank = self.tp.rank
         if shard_id == "q":
-            offset, size, index = 0, q_size, rank
-        elif shard_id in ("k", "v"):
+            return 0, q_size, rank * q_size
+        if shard_id in ("k", "v"):
             offset = q_size if shard_id == "k" else q_size + kv_size
-            size, index = kv_size, rank // self.kv_replicas
-        else:
-            raise ValueError(f"QKVParallelLinear shard id must be q, k or v, got {shard_id!r}")
-        source = loaded.narrow(0, index * size, size)
-        copy_checked(param.data.narrow(0, offset, size), source)
+            return offset, kv_size, (rank // self.kv_replicas) * kv_size
+        raise ValueError(f"QKVParallelLinear shard id must be q, k or v, got {shard_id!r}")
 
 
 class RowParallelLinear(LinearBase):
@@ -164,7 +249,7 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(input_size, tp_size), output_size, bias, 1, prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = self.matmul(x, None)
         if self.tp.world_size > 1:
             y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias

@@ -295,8 +295,11 @@ class MultiHeadLatentAttention(nn.Module):
             hidden_size, kv_lora_rank + qk_rope_head_dim, bias, prefix=f"{prefix}.kv_a_proj_with_mqa"
         )
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, LATENT_NORM_EPS)
+        # Read as W_UK / W_UV views (LatentAttentionSpec.w_uk_w_uv): an FP8 checkpoint's is
+        # dequantized once at load.
         self.kv_b_proj = ColumnParallelLinear(
-            kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), prefix=f"{prefix}.kv_b_proj"
+            kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), prefix=f"{prefix}.kv_b_proj",
+            dequantize=True,
         )
         self.o_proj = RowParallelLinear(num_heads * v_head_dim, hidden_size, bias, prefix=f"{prefix}.o_proj")
         self.rotary_emb = shared_rotary_embedding(

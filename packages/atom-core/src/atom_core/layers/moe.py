@@ -14,6 +14,11 @@ sparse layer's block with :meth:`SparseMoeBlock.from_spec`.
 
 Expert weights are stacked per layer in ATOM's layout: ``w13_weight`` [E, 2 * I/tp, D] (gate/up
 rows) and ``w2_weight`` [E, D, I/tp], with biases ``w13_bias`` [E, 2 * I/tp] and ``w2_bias`` [E, D].
+Under an FP8 scheme (atom_core.quantization) the weights are fp8 with each expert's scales stacked
+the same way, under the checkpoint's scale name: per B x B block ``w13_weight_scale_inv``
+[E, 2 * I/tp / B, D / B] and ``w2_weight_scale_inv`` [E, D / B, I/tp / B], or per output channel
+``w13_weight_scale`` [E, 2 * I/tp] and ``w2_weight_scale`` [E, D] (a per-tensor checkpoint scale
+fills its expert's channels). Expert activations are quantized dynamically.
 A checkpoint provides them in one of two layouts, which fixes the parameters' shard ids:
 
 - per expert, nn.Linear style (``experts.{e}.gate_proj.weight`` [I, D], ...): shard ids
@@ -34,6 +39,8 @@ import atom_kernels
 from atom_core.distributed import divide, get_tp_group
 from atom_core.layers.linear import copy_checked, default_weight_loader, make_param
 from atom_core.layers.mlp import GatedMLP
+from atom_core.quantization import layer_scheme
+from atom_core.quantization.fp8 import FP8_DTYPE
 
 PER_EXPERT = "per_expert"
 STACKED_TRANSPOSED = "stacked_transposed"
@@ -141,19 +148,45 @@ class FusedMoE(nn.Module):
         self.swiglu_limit = swiglu_limit
         self.checkpoint_layout = checkpoint_layout
         self.local_intermediate = divide(intermediate_size, self.tp.world_size)
+        self.scheme = layer_scheme(prefix)
+        if self.scheme is not None and (not per_expert or self.scheme.static_input):
+            raise ValueError(f"{prefix}: FP8 experts need per-expert checkpoint tensors and dynamic "
+                             "activations")
         experts = range(num_experts)
         w13_shards = [(e, j) for e in experts for j in (0, 1)] if per_expert else (None,)
-        self.w13_weight = make_param(
-            (num_experts, 2 * self.local_intermediate, hidden_size), self.weight_loader, w13_shards
-        )
-        self.w2_weight = make_param(
-            (num_experts, hidden_size, self.local_intermediate), self.weight_loader,
-            experts if per_expert else (None,),
-        )
+        w2_shards = experts if per_expert else (None,)
+        inter = self.local_intermediate
+        dtype = None if self.scheme is None else FP8_DTYPE
+        self.w13_weight = make_param((num_experts, 2 * inter, hidden_size), self.weight_loader,
+                                     w13_shards, dtype)
+        self.w2_weight = make_param((num_experts, hidden_size, inter), self.weight_loader, w2_shards,
+                                    dtype)
+        if self.scheme is not None:
+            block = self.scheme.weight_block
+            if block is not None and (inter % block or hidden_size % block):
+                raise ValueError(f"{prefix}: block-FP8 experts need the hidden size {hidden_size} and "
+                                 f"the per-rank intermediate size {inter} to be multiples of {block}")
+            w13_scale, w2_scale = (
+                ((2 * inter // block, hidden_size // block), (hidden_size // block, inter // block))
+                if block else ((2 * inter,), (hidden_size,))
+            )
+            name = self.scheme.weight_scale_name
+            self.register_parameter(f"w13_{name}", make_param(
+                (num_experts, *w13_scale), self.weight_loader, w13_shards, torch.float32))
+            self.register_parameter(f"w2_{name}", make_param(
+                (num_experts, *w2_scale), self.weight_loader, w2_shards, torch.float32))
         self.w13_bias = self.w2_bias = None
         if bias:
-            self.w13_bias = make_param((num_experts, 2 * self.local_intermediate), self.weight_loader)
+            self.w13_bias = make_param((num_experts, 2 * inter), self.weight_loader)
             self.w2_bias = make_param((num_experts, hidden_size), self.weight_loader)
+
+    @property
+    def w13_scale(self) -> nn.Parameter | None:
+        return None if self.scheme is None else getattr(self, f"w13_{self.scheme.weight_scale_name}")
+
+    @property
+    def w2_scale(self) -> nn.Parameter | None:
+        return None if self.scheme is None else getattr(self, f"w2_{self.scheme.weight_scale_name}")
 
     def _rank_gate_up(self, full: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's gate/up rows of a full [.., 2I, ..] tensor (``dim`` indexes the 2I rows)."""
@@ -166,12 +199,7 @@ class FusedMoE(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         size, rank = self.local_intermediate, self.tp.rank
         if self.checkpoint_layout == PER_EXPERT:
-            if param is self.w13_weight:
-                expert, half = shard_id
-                target = param.data[expert].narrow(0, half * size, size)
-                copy_checked(target, loaded.narrow(0, rank * size, size))
-            else:
-                copy_checked(param.data[shard_id], loaded.narrow(1, rank * size, size))
+            self._load_per_expert(param, loaded, shard_id)
             return
         if shard_id is not None:
             raise ValueError(f"a stacked expert tensor takes no shard id, got {shard_id!r}")
@@ -185,12 +213,34 @@ class FusedMoE(nn.Module):
             # The down bias is added once: every rank's partial sum would otherwise carry it.
             copy_checked(param.data, loaded if rank == 0 else torch.zeros_like(loaded))
 
+    def _load_per_expert(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
+        """One expert's gate, up or down tensor (or its scale); the intermediate dim is split across
+        ranks, in units of blocks for block scales."""
+        gate_up = param is self.w13_weight or param is self.w13_scale
+        expert, half = shard_id if gate_up else (shard_id, None)
+        target = param.data[expert]
+        unit = 1
+        if param is self.w13_scale or param is self.w2_scale:
+            unit = self.scheme.weight_block or 1
+            if target.dim() == 1:  # per output channel, shipped as [N], [N, 1] or one per tensor
+                full = self.local_intermediate * self.tp.world_size if gate_up else target.shape[0]
+                loaded = loaded.reshape(-1).expand(full) if loaded.numel() == 1 else loaded.reshape(-1)
+        size, rank = self.local_intermediate // unit, self.tp.rank
+        if gate_up:
+            copy_checked(target.narrow(0, half * size, size), loaded.narrow(0, rank * size, size))
+        elif target.dim() == 1:  # down's per-channel scale: its channels are not split
+            copy_checked(target, loaded)
+        else:
+            copy_checked(target, loaded.narrow(1, rank * size, size))
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         out = atom_kernels.fused_moe(
             x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
             activation=self.activation, interleaved=self.interleaved,
             w13_bias=self.w13_bias, w2_bias=self.w2_bias,
             swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+            w13_scale=self.w13_scale, w2_scale=self.w2_scale,
+            block_size=0 if self.scheme is None else self.scheme.weight_block or 0,
         )
         if self.tp.world_size > 1:
             out = self.tp.all_reduce(out)

@@ -33,6 +33,7 @@ from atom_core.layers.rotary import RopeSpec, hf_rope_parameters, rotary_embeddi
 from atom_core.layers.self_attention import DecoderSelfAttention, SelfAttentionSpec
 from atom_core.loader import StackedWeight, WeightMap, load_weights
 from atom_core.log import logger
+from atom_core.quantization import quant_config_from_hf, quantized_layers
 
 # HF gate/up projections, fused into one GEMM; with q/k/v likewise.
 STACKED_GATE_UP = (
@@ -168,7 +169,12 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.decoder = DecoderSpec.from_hf(config.hf_config)
-        self.model = DecoderModel(config, self.decoder, self.make_layer, join_prefix(prefix, "model"))
+        fused: dict[str, list[str]] = {}
+        for rule in self.WEIGHT_MAP.stacked:
+            fused.setdefault(rule.param, []).append(rule.checkpoint)
+        with quantized_layers(quant_config_from_hf(config.hf_config), fused):
+            self.model = DecoderModel(config, self.decoder, self.make_layer,
+                                      join_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(self.decoder.vocab_size, self.decoder.hidden_size,
                                       join_prefix(prefix, "lm_head"))
         first_mtp, num_mtp = self.decoder.num_layers, self.decoder.num_mtp_layers

@@ -26,9 +26,17 @@ def fused_moe_aiter(
     w2_bias: torch.Tensor | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_size: int = 0,
 ) -> torch.Tensor:
     kinds = {"silu": "Silu", "gelu": "Gelu"}
-    if activation not in kinds or interleaved or w13_bias is not None or w2_bias is not None:
+    # Interleaved gate/up rows, biases and FP8 experts (AITER's quantized MoE is not wired up
+    # here) run our Triton kernel.
+    unsupported = interleaved or any(
+        t is not None for t in (w13_bias, w2_bias, w13_scale, w2_scale)
+    )
+    if activation not in kinds or unsupported:
         return fused_moe_triton(
             x,
             w13,
@@ -41,6 +49,9 @@ def fused_moe_aiter(
             w2_bias=w2_bias,
             swiglu_alpha=swiglu_alpha,
             swiglu_limit=swiglu_limit,
+            w13_scale=w13_scale,
+            w2_scale=w2_scale,
+            block_size=block_size,
         )
     from aiter import ActivationType
     from aiter.fused_moe import fused_moe as aiter_fused_moe

@@ -1,0 +1,34 @@
+"""Which quantization the layers under construction get: a model sets it around building its
+trunk (:func:`quantized_layers`), and each layer asks for its own scheme by name
+(:func:`layer_scheme`). Outside that block (tests building single layers, the LM head, routers)
+layers are unquantized."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+
+from atom_core.quantization.scheme import Fp8Scheme, QuantConfig
+
+_active: tuple[QuantConfig, Mapping[str, Sequence[str]]] | None = None
+
+
+@contextlib.contextmanager
+def quantized_layers(config: QuantConfig | None, fused: Mapping[str, Sequence[str]]) -> Iterator[None]:
+    """Layers built inside get ``config``'s scheme (None: unquantized). ``fused``: each fused layer
+    name -> the checkpoint modules it stacks (``qkv_proj`` -> q/k/v_proj), for the config's
+    unquantized-module list."""
+    global _active
+    previous, _active = _active, (None if config is None else (config, fused))
+    try:
+        yield
+    finally:
+        _active = previous
+
+
+def layer_scheme(prefix: str) -> Fp8Scheme | None:
+    """The scheme of the layer named ``prefix`` being built now (None: unquantized)."""
+    if _active is None:
+        return None
+    config, fused = _active
+    return config.scheme_for(prefix, fused)

@@ -1,0 +1,166 @@
+"""The quantization a checkpoint's ``quantization_config`` asks for, read once, in ATOM's terms.
+
+ATOM serves FP8 (e4m3) weights in these published forms; anything else raises
+:class:`UnsupportedQuantization` with the reason, and the takeover decision hands the model back to
+the host (atom_core.hosting.takeover):
+
+| ``quant_method`` (CT: ``compressed-tensors``) | weights (scale tensor) | activations (dynamic unless said) |
+|---|---|---|
+| ``fp8``, ``weight_block_size: [B, B]`` | per B x B block (``weight_scale_inv``) | per token and B-channel group |
+| ``fp8``, ``activation_scheme: dynamic`` | a scale per tensor (``weight_scale``) | dynamic, per token |
+| ``fp8``, ``activation_scheme: static`` | a scale per tensor (``weight_scale``) | per tensor, ``input_scale`` |
+| CT ``channel`` or ``tensor`` | per channel or tensor (``weight_scale``) | ``token`` dynamic, ``tensor`` static |
+| CT ``block`` | a scale per B x B block (``weight_scale``) | ``group`` of B, dynamic |
+
+Per-tensor weight scales fill a per-output-channel scale vector at load, so fused layers (q/k/v,
+gate/up) keep each shard's own scale exactly. Layers the config leaves unquantized
+(``ignored_layers`` / ``modules_to_not_convert`` / compressed-tensors ``ignore``, usually
+``lm_head``) load as they ship.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class UnsupportedQuantization(ValueError):
+    """The checkpoint's quantization is one ATOM does not implement; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """FP8 e4m3 weights. ``weight_block``: B for block scales ([ceil(N/B), ceil(K/B)] per weight,
+    activations quantized per token and B-channel group); None for a scale per output channel
+    (activations per token, or per tensor with the checkpoint's ``input_scale`` when
+    ``static_input``). ``weight_scale_name``: the checkpoint's name of the weight scale tensor."""
+
+    weight_block: int | None
+    static_input: bool
+    weight_scale_name: str
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """``method`` as the checkpoint names it, the one scheme of its quantized layers, and the module
+    names (or ``re:`` patterns) it leaves unquantized."""
+
+    method: str
+    scheme: Fp8Scheme
+    unquantized: tuple[str, ...] = ()
+
+    def _left_unquantized(self, module: str) -> bool:
+        for entry in self.unquantized:
+            if entry.startswith("re:"):
+                if re.match(entry[3:], module):
+                    return True
+            elif f".{entry}." in f".{module}.":  # a whole dotted run of the name
+                return True
+        return False
+
+    def scheme_for(self, module: str, fused: Mapping[str, Sequence[str]] = {}) -> Fp8Scheme | None:
+        """The scheme of the layer named ``module``, or None where the config leaves it
+        unquantized. A layer ATOM fuses (``fused``: its last name part -> the checkpoint modules it
+        stacks, e.g. ``qkv_proj`` -> q/k/v_proj) is quantized only if all its parts are."""
+        head, _, last = module.rpartition(".")
+        parts = fused.get(last)
+        names = [f"{head}.{part}" if head else part for part in parts] if parts else [module]
+        skipped = {self._left_unquantized(name) for name in names}
+        if len(skipped) > 1:
+            raise UnsupportedQuantization(
+                f"{module} fuses {', '.join(names)}, which the checkpoint quantizes only in part"
+            )
+        return None if skipped.pop() else self.scheme
+
+
+def _ignored(config: Mapping[str, Any], *keys: str) -> tuple[str, ...]:
+    for key in keys:
+        if config.get(key):
+            return tuple(config[key])
+    return ()
+
+
+def _fp8(config: Mapping[str, Any]) -> QuantConfig:
+    fmt = config.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise UnsupportedQuantization(f"fp8 format {fmt!r} is not supported (only e4m3)")
+    activation = config.get("activation_scheme", "dynamic")
+    if activation not in ("dynamic", "static"):
+        raise UnsupportedQuantization(f"fp8 activation_scheme {activation!r} is not supported")
+    block = config.get("weight_block_size")
+    if block is not None:
+        if activation != "dynamic":
+            raise UnsupportedQuantization("block-FP8 with static activation scales is not supported")
+        block = _square_block(block, "weight_block_size")
+    return QuantConfig(
+        method="fp8",
+        scheme=Fp8Scheme(block, activation == "static",
+                         "weight_scale_inv" if block else "weight_scale"),
+        unquantized=_ignored(config, "ignored_layers", "modules_to_not_convert"),
+    )
+
+
+def _square_block(block: Sequence[int], key: str) -> int:
+    if len(block) != 2 or block[0] != block[1] or block[0] % 16:
+        raise UnsupportedQuantization(
+            f"{key} {list(block)} is not supported (square blocks, a multiple of 16)"
+        )
+    return int(block[0])
+
+
+def _compressed_tensors_scheme(group: Mapping[str, Any]) -> Fp8Scheme:
+    weights, inputs = group.get("weights") or {}, group.get("input_activations")
+    if (weights.get("type"), weights.get("num_bits")) != ("float", 8) or not weights.get("symmetric", True):
+        raise UnsupportedQuantization(f"compressed-tensors weights {dict(weights)} are not supported "
+                                      "(only symmetric 8-bit float)")
+    if inputs is None or (inputs.get("type"), inputs.get("num_bits")) != ("float", 8):
+        raise UnsupportedQuantization("compressed-tensors without 8-bit float activations "
+                                      "(weight-only) is not supported")
+    strategy, input_strategy = weights.get("strategy"), inputs.get("strategy")
+    dynamic = bool(inputs.get("dynamic"))
+    if strategy == "block" and input_strategy == "group" and dynamic:
+        block = _square_block(weights.get("block_structure") or (), "block_structure")
+        if inputs.get("group_size") != block:
+            raise UnsupportedQuantization(f"activation group_size {inputs.get('group_size')} differs "
+                                          f"from the weight block {block}")
+        return Fp8Scheme(block, False, "weight_scale")
+    if strategy in ("channel", "tensor") and (input_strategy, dynamic) in (("token", True),
+                                                                            ("tensor", False)):
+        return Fp8Scheme(None, not dynamic, "weight_scale")
+    raise UnsupportedQuantization(
+        f"compressed-tensors weights {strategy!r} with {'dynamic' if dynamic else 'static'} "
+        f"{input_strategy!r} activations are not supported"
+    )
+
+
+def _compressed_tensors(config: Mapping[str, Any]) -> QuantConfig:
+    fmt = config.get("format")
+    if fmt != "float-quantized":
+        raise UnsupportedQuantization(f"compressed-tensors format {fmt!r} is not supported")
+    groups = list((config.get("config_groups") or {}).values())
+    schemes = {_compressed_tensors_scheme(group) for group in groups}
+    if len(schemes) != 1 or any(group.get("targets") != ["Linear"] for group in groups):
+        raise UnsupportedQuantization("compressed-tensors with several schemes or targets other "
+                                      "than Linear is not supported")
+    if config.get("kv_cache_scheme"):
+        raise UnsupportedQuantization("compressed-tensors kv_cache_scheme is not supported")
+    return QuantConfig("compressed-tensors", schemes.pop(), _ignored(config, "ignore"))
+
+
+_PARSERS = {"fp8": _fp8, "compressed-tensors": _compressed_tensors}
+
+
+def quant_config_from_hf(hf_config: Any) -> QuantConfig | None:
+    """The checkpoint's quantization (``hf_config.quantization_config``), or None for an
+    unquantized checkpoint; :class:`UnsupportedQuantization` for one ATOM does not serve."""
+    config = getattr(hf_config, "quantization_config", None)
+    if config is None:
+        return None
+    if not isinstance(config, Mapping):
+        config = config.to_dict()
+    method = config.get("quant_method")
+    if method not in _PARSERS:
+        raise UnsupportedQuantization(f"quantization {method!r} is not supported")
+    return _PARSERS[method](config)

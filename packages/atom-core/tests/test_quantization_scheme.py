@@ -1,0 +1,112 @@
+"""Reading ``quantization_config`` (atom_core.quantization.scheme) and the takeover decision it
+drives: what ATOM serves, and the reason for what it hands back."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from atom_core.hosting.takeover import HostedModel, decide_takeover
+from atom_core.quantization import Fp8Scheme, UnsupportedQuantization, quant_config_from_hf
+
+FP8 = {"quant_method": "fp8", "fmt": "e4m3"}
+FLOAT8 = {"num_bits": 8, "type": "float", "symmetric": True}
+
+
+def compressed_tensors(weights: dict, inputs: dict | None, **extra) -> dict:
+    group = {"targets": ["Linear"], "weights": {**FLOAT8, **weights}}
+    if inputs is not None:
+        group["input_activations"] = {**FLOAT8, **inputs}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": group}, "ignore": ["lm_head"], **extra}
+
+
+def parse(quantization: dict):
+    return quant_config_from_hf(SimpleNamespace(quantization_config=quantization))
+
+
+@pytest.mark.parametrize("quantization,scheme", [
+    ({**FP8, "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+     Fp8Scheme(128, False, "weight_scale_inv")),
+    ({**FP8, "activation_scheme": "dynamic"}, Fp8Scheme(None, False, "weight_scale")),
+    ({**FP8, "activation_scheme": "static"}, Fp8Scheme(None, True, "weight_scale")),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]},  # fmt and activation_scheme omitted
+     Fp8Scheme(128, False, "weight_scale_inv")),
+    (compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True}),
+     Fp8Scheme(None, False, "weight_scale")),
+    (compressed_tensors({"strategy": "tensor"}, {"strategy": "tensor", "dynamic": False}),
+     Fp8Scheme(None, True, "weight_scale")),
+    (compressed_tensors({"strategy": "block", "block_structure": [128, 128]},
+                        {"strategy": "group", "group_size": 128, "dynamic": True}),
+     Fp8Scheme(128, False, "weight_scale")),
+])
+def test_served_schemes(quantization, scheme):
+    assert parse(quantization).scheme == scheme
+
+
+@pytest.mark.parametrize("quantization,reason", [
+    ({"quant_method": "awq"}, "quantization 'awq' is not supported"),
+    ({"quant_method": "mxfp4"}, "quantization 'mxfp4' is not supported"),
+    ({**FP8, "fmt": "e5m2"}, "fp8 format 'e5m2' is not supported"),
+    ({**FP8, "weight_block_size": [128, 64]}, "weight_block_size [128, 64] is not supported"),
+    ({**FP8, "activation_scheme": "static", "weight_block_size": [128, 128]},
+     "block-FP8 with static activation scales is not supported"),
+    (compressed_tensors({"strategy": "channel"}, None), "weight-only"),
+    (compressed_tensors({"strategy": "tensor"}, {"strategy": "tensor", "dynamic": True}),
+     "weights 'tensor' with dynamic 'tensor' activations are not supported"),
+    (compressed_tensors({"strategy": "channel", "num_bits": 4, "type": "int"},
+                        {"strategy": "token", "dynamic": True}), "only symmetric 8-bit float"),
+    (compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True},
+                        kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
+    ({**compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True}),
+      "format": "pack-quantized"}, "format 'pack-quantized' is not supported"),
+])
+def test_unsupported_schemes_name_the_reason(quantization, reason):
+    with pytest.raises(UnsupportedQuantization, match=reason.replace("[", r"\[").replace("]", r"\]")):
+        parse(quantization)
+
+
+def test_unquantized_modules_match_whole_dotted_names_and_patterns():
+    config = parse(compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True},
+                                      ignore=["lm_head", "re:.*mlp\\.gate$", "model.layers.1.mlp"]))
+    assert config.scheme_for("lm_head") is None
+    assert config.scheme_for("model.layers.3.mlp.gate") is None
+    assert config.scheme_for("model.layers.1.mlp.down_proj") is None
+    assert config.scheme_for("model.layers.11.mlp.down_proj") is not None  # not layer 1's
+    assert config.scheme_for("model.layers.3.mlp.gate_up_proj") is not None
+
+
+def test_a_fused_layer_is_quantized_only_if_all_its_parts_are():
+    config = parse({**FP8, "modules_to_not_convert": ["model.layers.0.self_attn.k_proj"]})
+    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    assert config.scheme_for("model.layers.1.self_attn.qkv_proj", fused) is not None
+    with pytest.raises(UnsupportedQuantization, match="quantizes only in part"):
+        config.scheme_for("model.layers.0.self_attn.qkv_proj", fused)
+
+
+def hosted(quantization: dict | None, requested: str | None, **hf_keys) -> HostedModel:
+    hf_config = SimpleNamespace(quantization_config=quantization, rope_parameters={"rope_type": "default"},
+                                **hf_keys)
+    return HostedModel(host="vLLM", architecture="Qwen3ForCausalLM", hf_config=hf_config,
+                       dtype=torch.bfloat16, quantization=requested)
+
+
+@pytest.mark.parametrize("quantization,requested,reasons", [
+    ({**FP8, "weight_block_size": [128, 128]}, "fp8", ()),
+    (compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True}),
+     "compressed-tensors", ()),
+    (None, "fp8", ("online quantization 'fp8' of an unquantized checkpoint is not supported",)),
+    ({**FP8, "weight_block_size": [128, 128]}, "modelopt",
+     ("quantization 'modelopt' differs from the checkpoint's 'fp8'",)),
+    ({"quant_method": "gptq"}, "gptq", ("quantization 'gptq' is not supported",)),
+])
+def test_decision(quantization, requested, reasons):
+    assert decide_takeover(hosted(quantization, requested)).reasons == reasons
+
+
+def test_static_activation_scales_on_experts_are_handed_back():
+    model = hosted({**FP8, "activation_scheme": "static"}, "fp8", num_local_experts=8)
+    assert decide_takeover(model).reasons == ("static FP8 activation scales on MoE experts are not supported",)
+    assert decide_takeover(dataclasses.replace(model, hf_config=SimpleNamespace(
+        **{**vars(model.hf_config), "num_local_experts": None}))).atom_serves

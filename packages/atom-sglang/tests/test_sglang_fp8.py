@@ -1,0 +1,50 @@
+"""FP8 checkpoints served by ATOM through real SGLang 0.5.17 (CPU engine; SGLang runs FP8 in
+bfloat16 only; tiny models written in the published layouts by atom_core.testing.fp8_checkpoints):
+greedy tokens equal ATOM's model alone in bfloat16 on the same checkpoint
+(atom_core.testing.reference.atom_greedy; in float32 its logits match HF transformers within FP8
+rounding, see atom-core's test_fp8_parity.py). FP8 MLA models are left to SGLang for now
+(atom_sglang.config_translation.FP8_MLA_REASON)."""
+
+import pytest
+import torch
+from sglang_testing import run_sglang
+
+from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
+from atom_core.testing.reference import atom_greedy
+
+pytestmark = pytest.mark.sglang
+
+PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40))]
+MAX_TOKENS = 12
+
+CELLS = {
+    "Qwen3, block FP8": ("Qwen3ForCausalLM", "fp8-block"),
+    "Llama, compressed-tensors FP8_DYNAMIC": ("LlamaForCausalLM", "ct-channel"),
+    "Qwen3-MoE, block FP8": ("Qwen3MoeForCausalLM", "fp8-block"),
+}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
+    architecture, form = CELLS[cell]
+    model = write_tiny_fp8_checkpoint(tiny_model_dir, architecture, str(tmp_path / "fp8"), form)
+    run = {"model": model, "phases": [PROMPTS], "max_tokens": MAX_TOKENS,
+           "engine_kwargs": {"dtype": "bfloat16"}}
+    [[result]] = run_sglang(([run], {}))
+    assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
+    tokens = [o["tokens"] for o in result["phases"][0]]
+    assert tokens == atom_greedy(model, PROMPTS, MAX_TOKENS, torch.bfloat16)
+
+
+def test_fp8_mla_is_left_to_sglang(tiny_model_dir, tmp_path):
+    """atom_sglang.config_translation.FP8_MLA_REASON, from SGLang's own configs."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs
+
+    from atom_sglang.config_translation import FP8_MLA_REASON, takeover_decision
+
+    fp8 = write_tiny_fp8_checkpoint(tiny_model_dir, "DeepseekV3ForCausalLM", str(tmp_path / "fp8"), "fp8-block")
+    bf16 = tiny_model_dir("DeepseekV3ForCausalLM")
+    for model, reasons in ((fp8, (FP8_MLA_REASON,)), (bf16, ())):
+        server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16")
+        assert takeover_decision(server_args, ModelConfig.from_server_args(server_args)).reasons == reasons
