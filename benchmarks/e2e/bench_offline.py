@@ -44,11 +44,17 @@ def run_engine(config: str, atom: bool, out: str, extra: list[str]) -> dict:
             error = f"exit {proc.returncode}" if proc.returncode else None
         except subprocess.TimeoutExpired:
             error = "timeout"
-    log_text = open(log_path).read()
+    return read_run(out, error)
+
+
+def read_run(out: str, error: str | None = None) -> dict:
+    """One engine run's result (``out``, written by engine_run.py) with what its log (``out`` +
+    ".log") says: weights memory, ATOM's lines, vLLM's kernel choices."""
+    log_text = open(out + ".log").read()
     loaded = WEIGHTS_GIB.search(log_text)
     weights_gib = float(loaded.group(1)) if loaded else None
-    if error:
-        return {"error": error, "weights_gib": weights_gib, "log_tail": log_text[-4000:]}
+    if error or not os.path.exists(out):
+        return {"error": error or "no result", "weights_gib": weights_gib, "log_tail": log_text[-4000:]}
     result = json.load(open(out))
     result["weights_gib"] = weights_gib
     lines = log_text.splitlines(keepends=True)
@@ -120,11 +126,15 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--extra", default="", help="extra engine_run.py arguments")
     parser.add_argument("--kv-cache-dtype", default="auto", help="LLM(kv_cache_dtype=...) for both engines")
+    parser.add_argument("--runs-dir", default=None,
+                        help="assemble the report from engine runs already made (run-NAME-{native,atom}.json "
+                             "and .log in this folder, e.g. one engine per call on a time-limited machine)")
     args = parser.parse_args()
     import torch
     import vllm
 
-    report = {"device": torch.cuda.get_device_name(), "vllm": vllm.__version__, "torch": torch.__version__,
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else os.environ.get("ATOM_BENCH_DEVICE", "?")
+    report = {"device": device, "vllm": vllm.__version__, "torch": torch.__version__,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "kv_cache_dtype": args.kv_cache_dtype, "models": {}}
     workdir = os.path.dirname(os.path.abspath(args.out))
     extra = ["--kv-cache-dtype", args.kv_cache_dtype, *args.extra.split()]
@@ -132,8 +142,11 @@ def main() -> None:
         config = os.path.join(MODELS, f"{name}.json")
         runs = {}
         for mode in ("native", "atom"):
-            out = os.path.join(workdir, f"run-{name}-{mode}.json")
-            runs[mode] = run_engine(config, mode == "atom", out, extra)
+            if args.runs_dir:
+                runs[mode] = read_run(os.path.join(args.runs_dir, f"run-{name}-{mode}.json"))
+            else:
+                runs[mode] = run_engine(config, mode == "atom", os.path.join(workdir, f"run-{name}-{mode}.json"),
+                                        extra)
             print(name, mode, {k: v for k, v in runs[mode].items() if k in ("throughput", "weights_gib", "error")},
                   flush=True)
         entry = {"weights": weights_label(json.load(open(config))), "native": runs["native"], "atom": runs["atom"]}
