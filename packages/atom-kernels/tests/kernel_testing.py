@@ -90,4 +90,7 @@ def gather_paged(cache: torch.Tensor, block_row: torch.Tensor, length: int) -> t
 
 
 backends = pytest.mark.parametrize("backend", BACKENDS)
+# Ops with a torchlib implementation (torch's own kernels, Hopper and newer) test it too.
+LIBRARY = ["torchlib"] if ON_GPU and torch.cuda.get_device_capability() >= (9, 0) else []
+library_backends = pytest.mark.parametrize("backend", BACKENDS + LIBRARY)
 float_dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=["fp32", "bf16"])

@@ -17,7 +17,11 @@ A call dispatches on the device type of its first tensor argument; the chosen ba
    op; an op without that backend raises :class:`BackendUnavailableError`.
 2. ``ATOM_KERNEL_BACKEND`` forces one backend for every op that has it; an op without it keeps its
    default selection (rule 3), and :func:`backend_report_line` says which ops did.
-3. Otherwise the first available of ``aiter``, ``triton``, ``torch``.
+3. Otherwise the first available of ``aiter``, ``torchlib``, ``triton``, ``torch``.
+
+``torchlib`` is a kernel the installed torch ships (``torch._scaled_mm``: cuBLASLt / CUTLASS) where
+it measured faster than our Triton kernel; such an implementation hands the shapes where it did not
+to the Triton one, so its op's report names ``torchlib``.
 
 A forced backend that the op has but that cannot run on the device (``aiter`` off ROCm, ``triton``
 on CPU without the interpreter) raises :class:`BackendUnavailableError`.
@@ -34,7 +38,7 @@ from typing import Any
 
 import torch
 
-BACKENDS = ("aiter", "triton", "torch")
+BACKENDS = ("aiter", "torchlib", "triton", "torch")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -51,6 +55,12 @@ def _aiter_installed() -> bool:
     return importlib.util.find_spec("aiter") is not None
 
 
+@functools.cache
+def _hopper_or_newer() -> bool:
+    """torch._scaled_mm's block-wise FP8 recipes run on sm90 and newer."""
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
 def backend_available(backend: str, device_type: str) -> bool:
     """Whether ``backend`` can run on tensors of ``device_type`` in this process."""
     if backend == "torch":
@@ -60,6 +70,8 @@ def backend_available(backend: str, device_type: str) -> bool:
         return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
     if backend == "aiter":
         return device_type == "cuda" and _is_rocm() and _aiter_installed()
+    if backend == "torchlib":
+        return device_type == "cuda" and not _is_rocm() and _hopper_or_newer()
     raise ValueError(f"unknown kernel backend {backend!r}; known: {', '.join(BACKENDS)}")
 
 
