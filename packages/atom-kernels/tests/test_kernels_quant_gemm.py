@@ -94,7 +94,7 @@ def test_fp8_scaled_mm(backend, out_dtype, m, n, k, a_kind, b_kind):
 
 
 @library_backends
-@pytest.mark.parametrize("m, n, k", [(1, 128, 128), (20, 256, 384), (70, 320, 256), (130, 256, 512)])
+@pytest.mark.parametrize("m, n, k", [(1, 128, 128), (20, 256, 384), (70, 320, 256), (130, 256, 512), (256, 256, 512)])
 def test_fp8_block_scaled_mm(backend, m, n, k):
     a, _ = quantized(m, k)
     b, _ = quantized(n, k)

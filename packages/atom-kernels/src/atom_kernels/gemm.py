@@ -290,15 +290,30 @@ def fp8_block_scaled_mm_triton(
 # torch._scaled_mm (cuBLASLt / CUTLASS in torch 2.11) against the Triton kernels above on an H200
 # (benchmarks/kernels/experiments/fp8-block-library-h200.json, benchmarks/results/fp8-gemm-h200-*.json):
 # block-wise 1.1 to 1.9x faster from 256 rows up at every Qwen3-8B and DeepSeek-V3 shape, per
-# channel 1.2 to 1.5x; up to 64 rows the Triton kernels are as fast or faster, and cuBLASLt has no
-# block-wise kernel for one row. So the library takes more than 64 rows.
+# channel 1.2 to 1.5x; up to 64 rows the Triton kernels are as fast or faster. So the library takes
+# more than 64 rows. cuBLASLt answers NOT_SUPPORTED for row counts that are not a multiple of 16
+# (seen at 1 and 130 on an H200): the rows are padded to one.
 LIBRARY_MIN_ROWS = 65
+LIBRARY_ROW_MULTIPLE = 16
 _LIBRARY_OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _library_fits(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, multiple: int) -> bool:
     return (a.shape[0] >= LIBRARY_MIN_ROWS and out_dtype in _LIBRARY_OUT_DTYPES
             and a.shape[1] % multiple == 0 and b.shape[0] % multiple == 0)
+
+
+def _library_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """torch._scaled_mm of ``a`` [M, K] and ``b`` [N, K] with M padded to LIBRARY_ROW_MULTIPLE
+    (zero rows, unit scales) and the padding cut off again; ``scale_a`` [M, *] is stored M-major,
+    as the block-wise recipe needs (the same layout for a row-wise [M, 1])."""
+    rows, pad = a.shape[0], -a.shape[0] % LIBRARY_ROW_MULTIPLE
+    if pad:
+        a = torch.cat([a, a.new_zeros(pad, a.shape[1])])
+        scale_a = torch.cat([scale_a, scale_a.new_ones(pad, scale_a.shape[1])])
+    scale_a = scale_a.t().contiguous().t()
+    return torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)[:rows]
 
 
 @fp8_block_scaled_mm.register("torchlib")
@@ -312,10 +327,9 @@ def fp8_block_scaled_mm_torchlib(
 ) -> torch.Tensor:
     if block_size != 128 or not _library_fits(a, b, out_dtype, 128):
         return fp8_block_scaled_mm_triton(a, b, a_scale, b_scale, out_dtype, block_size)
-    # The 1x128 x 128x128 recipe: activation scales [M, K/128] stored M-major, weight scales as
-    # [K/128, N/128] (a transposed view of the checkpoint's [N/128, K/128]).
-    return torch._scaled_mm(a, b.t(), scale_a=a_scale.float().t().contiguous().t(),
-                            scale_b=b_scale.float().t(), out_dtype=out_dtype)
+    # The 1x128 x 128x128 recipe: activation scales [M, K/128] stored M-major (made so after the
+    # padding), weight scales as [K/128, N/128] (a transposed view of the checkpoint's [N/128, K/128]).
+    return _library_mm(a, b, a_scale.float(), b_scale.float().t(), out_dtype)
 
 
 @fp8_scaled_mm.register("torchlib")
@@ -332,5 +346,5 @@ def fp8_scaled_mm_torchlib(
     # Row-wise recipe: [M, 1] x [1, N] (a per-tensor scale broadcast to its rows or columns).
     scale_a = _column(a_scale, a.shape[0], "a_scale").expand(a.shape[0], 1).contiguous()
     scale_b = _column(b_scale, b.shape[0], "b_scale").expand(b.shape[0], 1).t().contiguous()
-    out = torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    out = _library_mm(a, b, scale_a, scale_b, out_dtype)
     return out if bias is None else out + bias
