@@ -16,10 +16,9 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_hf_parity import atom_model
+from test_hf_parity import atom_batch_logits, atom_model
 from transformers import AutoModelForCausalLM
 
-from atom_core.layers.attention import standalone_batch
 from atom_core.loader import CheckpointError
 from atom_core.quantization import UnsupportedQuantization
 from atom_core.testing.fp8_checkpoints import (
@@ -67,14 +66,8 @@ def fp8_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def sequences_and_logits(model_dir: str):
-    generator = torch.Generator().manual_seed(3)
-    lengths = [9, 1, 17]
-    sequences = [torch.randint(4, 499, (n,), generator=generator).tolist() for n in lengths]
     model = atom_model(model_dir)
-    input_ids = torch.tensor([t for seq in sequences for t in seq])
-    positions = torch.cat([torch.arange(n) for n in lengths])
-    with torch.no_grad(), standalone_batch(lengths):
-        logits = model.compute_logits(model(input_ids, positions))
+    sequences, logits = atom_batch_logits(model, [9, 1, 17], seed=3)
     return sequences, logits, model
 
 

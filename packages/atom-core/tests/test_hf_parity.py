@@ -32,16 +32,19 @@ def test_logits_match_hf(tiny_model_dir, architecture):
     assert_logits_match_hf(tiny_model_dir(architecture))
 
 
-def assert_logits_match_hf(model_dir: str) -> None:
-    """ATOM's logits on four sequences of 1 to 23 tokens, batched, vs HF's one sequence at a time."""
-    generator = torch.Generator().manual_seed(1)
-    lengths = [7, 1, 23, 12]
+def atom_batch_logits(model, lengths: list[int], seed: int) -> tuple[list[list[int]], torch.Tensor]:
+    """Random sequences of ``lengths`` and ATOM's logits for all of them, run as one batch."""
+    generator = torch.Generator().manual_seed(seed)
     sequences = [torch.randint(4, 499, (n,), generator=generator).tolist() for n in lengths]
-    model = atom_model(model_dir)
     input_ids = torch.tensor([t for seq in sequences for t in seq])
     positions = torch.cat([torch.arange(n) for n in lengths])
     with torch.no_grad(), standalone_batch(lengths):
-        logits = model.compute_logits(model(input_ids, positions))
+        return sequences, model.compute_logits(model(input_ids, positions))
+
+
+def assert_logits_match_hf(model_dir: str) -> None:
+    """ATOM's logits on four sequences of 1 to 23 tokens, batched, vs HF's one sequence at a time."""
+    sequences, logits = atom_batch_logits(atom_model(model_dir), [7, 1, 23, 12], seed=1)
     expected = torch.cat(hf_logits(model_dir, sequences))
     assert logits.shape == expected.shape
     rel = (logits - expected).norm() / expected.norm()
