@@ -44,9 +44,11 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
 
 
 # SGLang runs ATOM's MLA models on its own latent attention (atom_sglang.host_hooks). With an FP8
-# checkpoint that pairing departs from ATOM's own greedy tokens on the first token of a 30-token
-# prompt on CPU (bf16 departs only after 6 tokens, as rounding does); until that is understood
-# SGLang serves FP8 MLA models itself.
+# checkpoint, in bf16 (SGLang runs FP8 in bf16 only), a tiny DeepSeek's greedy tokens through that
+# pairing part from ATOM's own at the first token of a 30-token prompt on CPU: SGLang's token is
+# ATOM-alone-bf16's second choice, 0.28 behind (sixth in fp32), so bf16 rounding with FP8 activations
+# explains it, but nothing here proves the pairing right (SGLang's runner gives no logprobs to
+# compare). Until a check does, SGLang serves FP8 MLA models itself.
 FP8_MLA_REASON = "FP8 MLA models on SGLang are not verified yet"
 
 
