@@ -12,12 +12,16 @@ by a whole FP8 step, 6 %, about once in 16 values: two correct implementations d
 tokens.) The cells and outcomes are printed as a table at the end of the module.
 """
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import torch
-from test_takeover_vllm import ALONE, assert_atom_served, error_line, prompts, tokens_of
-from vllm_testing import VllmRunFailed, run_vllm
+from vllm_testing import (
+    VllmRunFailed,
+    assert_atom_served,
+    error_line,
+    prompts,
+    run_with_and_without_atom,
+    tokens_of,
+)
 
 from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
 from atom_core.testing.reference import atom_greedy, atom_logits, prompt_logprobs
@@ -50,27 +54,15 @@ def print_table():
         print("| " + " | ".join(row) + " |")
 
 
-def run_with_and_without_atom(model: str, phase) -> tuple[dict, dict | VllmRunFailed]:
-    def run(env):
-        try:
-            return run_vllm(model, [phase], MAX_TOKENS, env=env, llm_kwargs={"dtype": "bfloat16"},
-                            prompt_logprobs=True)
-        except VllmRunFailed as failed:
-            return failed
-
-    with ThreadPoolExecutor(2) as pool:
-        with_atom, alone = pool.map(run, [{}, ALONE])
-    if isinstance(with_atom, VllmRunFailed):
-        raise with_atom
-    return with_atom, alone
-
-
 @pytest.mark.parametrize("cell", CELLS)
 def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
     architecture, form = CELLS[cell]
     model = write_tiny_fp8_checkpoint(tiny_model_dir, architecture, str(tmp_path / "fp8"), form)
     phase = prompts(5, 19, seed=4)
-    with_atom, alone = run_with_and_without_atom(model, phase)
+    with_atom, alone = run_with_and_without_atom(model, [phase], MAX_TOKENS, {"dtype": "bfloat16"},
+                                                 prompt_logprobs=True)
+    if isinstance(with_atom, VllmRunFailed):
+        raise with_atom
     assert_atom_served(with_atom)
     reference = atom_logits(model, torch.bfloat16)
     for output, prompt in zip(with_atom["phases"][0], phase):

@@ -12,13 +12,20 @@ lists them).
 """
 
 import math
-import random
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from vllm.engine.arg_utils import EngineArgs
-from vllm_testing import VllmRunFailed, hf_greedy, run_vllm
+from vllm_testing import (
+    VllmRunFailed,
+    assert_atom_served,
+    error_line,
+    hf_greedy,
+    prompts,
+    run_vllm,
+    run_with_and_without_atom,
+    tokens_of,
+)
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
@@ -28,38 +35,8 @@ from atom_vllm.config_translation import takeover_decision
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 12
-ALONE = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
 BF16 = {"dtype": "bfloat16"}
 TABLE: list[tuple[str, str, str]] = []  # (cell, who served, outcome)
-
-
-def prompts(*lengths: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(4, VOCAB_SIZE) for _ in range(n)] for n in lengths]
-
-
-def tokens_of(result: dict) -> list[list[int]]:
-    return [o["tokens"] for phase in result["phases"] for o in phase]
-
-
-def run_both(model: str, phases, llm_kwargs: dict) -> tuple[dict | VllmRunFailed, dict | VllmRunFailed]:
-    """vLLM with ATOM and vLLM alone on the same cell, side by side; each a result, or the failure
-    it stopped with."""
-    def run(env):
-        try:
-            return run_vllm(model, phases, MAX_TOKENS, env=env, llm_kwargs=llm_kwargs)
-        except VllmRunFailed as failed:
-            return failed
-
-    with ThreadPoolExecutor(2) as pool:
-        with_atom, alone = pool.map(run, [{}, ALONE])
-    return with_atom, alone
-
-
-def error_line(failed: VllmRunFailed) -> str:
-    """The exception line a failed engine start ended with (vLLM's own error, not ATOM's)."""
-    lines = [line for line in failed.log.splitlines() if "Error: " in line]
-    return lines[-1].split("]: ")[-1].strip() if lines else failed.log[-300:]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -90,7 +67,7 @@ def test_handed_back_cells_end_as_vllm_alone(cell, tiny_model_dir, tmp_path):
     model = tiny_model_dir(architecture, **overrides)
     if write is not None:
         model = write(model, str(tmp_path / "checkpoint"))
-    with_atom, alone = run_both(model, [prompts(5, 19)], llm_kwargs)
+    with_atom, alone = run_with_and_without_atom(model, [prompts(5, 19)], MAX_TOKENS, llm_kwargs)
     line = f"INFO atom: ATOM hands {architecture} back to vLLM: {reason}"
     if isinstance(alone, VllmRunFailed):
         # vLLM alone cannot serve it here: ATOM handed back, and vLLM stopped on the same error.
@@ -125,11 +102,6 @@ def test_strict_takeover_refuses_at_start_naming_the_reason(tiny_model_dir):
     assert ("TakeoverRefused: ATOM hands Qwen3ForCausalLM back to vLLM: LoRA is not supported. "
             "ATOM_STRICT_TAKEOVER=1 forbids handing back") in failed.value.log
     TABLE.append(("LoRA enabled, ATOM_STRICT_TAKEOVER=1", "nobody", "start-up error naming the reason"))
-
-
-def assert_atom_served(result: dict) -> None:
-    assert result["served_by"]["inner_class"].startswith("atom_core.models.")
-    assert "ATOM hands" not in result["log"]
 
 
 def hf_prompt_logprobs(model_dir: str, prompt: list[int]) -> list[float]:

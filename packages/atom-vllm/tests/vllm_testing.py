@@ -3,16 +3,19 @@
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
 
 from atom_core.testing.reference import hf_greedy  # noqa: F401  (re-exported for the test modules)
+from atom_core.testing.tiny_models import VOCAB_SIZE
 
 RUNNER = os.path.join(os.path.dirname(__file__), "vllm_runner.py")
 RESULT_MARKER = "VLLM_RUNNER_RESULT "
@@ -85,3 +88,42 @@ def openai_server(model: str, log_dir: Path, *args: str) -> Iterator[tuple[str, 
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+# vLLM alone: the plugin switched off, as if ATOM were not installed.
+ALONE = {"ATOM_DISABLE_VLLM_PLUGIN": "1"}
+
+
+def prompts(*lengths: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, VOCAB_SIZE) for _ in range(n)] for n in lengths]
+
+
+def tokens_of(result: dict) -> list[list[int]]:
+    return [o["tokens"] for phase in result["phases"] for o in phase]
+
+
+def run_with_and_without_atom(model: str, phases, max_tokens: int, llm_kwargs: dict,
+                              **options) -> tuple[dict | VllmRunFailed, dict | VllmRunFailed]:
+    """vLLM with ATOM and vLLM alone on the same cell, side by side; each a result, or the failure
+    it stopped with."""
+    def run(env):
+        try:
+            return run_vllm(model, phases, max_tokens, env=env, llm_kwargs=llm_kwargs, **options)
+        except VllmRunFailed as failed:
+            return failed
+
+    with ThreadPoolExecutor(2) as pool:
+        with_atom, alone = pool.map(run, [{}, ALONE])
+    return with_atom, alone
+
+
+def error_line(failed: VllmRunFailed) -> str:
+    """The exception line a failed engine start ended with (vLLM's own error, not ATOM's)."""
+    lines = [line for line in failed.log.splitlines() if "Error: " in line]
+    return lines[-1].split("]: ")[-1].strip() if lines else failed.log[-300:]
+
+
+def assert_atom_served(result: dict) -> None:
+    assert result["served_by"]["inner_class"].startswith("atom_core.models.")
+    assert "ATOM hands" not in result["log"]

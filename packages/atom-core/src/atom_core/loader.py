@@ -137,11 +137,11 @@ def load_weights(
 
 
 def _check_fp8(name: str, tensor: torch.Tensor, param_name: str, param: nn.Parameter) -> None:
-    """An FP8 tensor must meet an FP8 parameter (or one that dequantizes it), and the other way
-    round: casting between them would drop or invent the scales."""
-    fp8_param = param.dtype == torch.float8_e4m3fn or getattr(param, "accepts_fp8", False)
-    fp8_tensor = tensor.dtype == torch.float8_e4m3fn
-    if fp8_tensor != fp8_param and (fp8_tensor or param.dtype == torch.float8_e4m3fn):
+    """An FP8 tensor must meet an FP8 parameter (or one that dequantizes it at load), and an FP8
+    parameter an FP8 tensor: casting between them would drop or invent the scales."""
+    fp8 = torch.float8_e4m3fn
+    takes_fp8 = param.dtype == fp8 or getattr(param, "accepts_fp8", False)
+    if (tensor.dtype == fp8 and not takes_fp8) or (param.dtype == fp8 and tensor.dtype != fp8):
         raise CheckpointError(
             f"checkpoint tensor {name!r} is {tensor.dtype} but ATOM's {param_name} is {param.dtype}: "
             "the checkpoint and its quantization_config disagree on which layers are FP8"
