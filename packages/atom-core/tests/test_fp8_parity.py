@@ -19,10 +19,13 @@ from safetensors.torch import load_file, save_file
 from test_hf_parity import atom_batch_logits, atom_model
 from transformers import AutoModelForCausalLM
 
+from atom_core.layers.linear import ColumnParallelLinear
 from atom_core.loader import CheckpointError
-from atom_core.quantization import UnsupportedQuantization
+from atom_core.quantization import Fp8Scheme, QuantConfig, UnsupportedQuantization, quantized_layers
+from atom_core.quantization.fp8 import dequantize_fp8
 from atom_core.testing.fp8_checkpoints import (
     fake_quantized_activations,
+    quantize_block_fp8,
     write_dequantized_checkpoint,
     write_tiny_fp8_checkpoint,
 )
@@ -147,3 +150,19 @@ def test_a_bf16_tensor_where_the_config_says_fp8_names_the_tensor(fp8_model_dir,
     save_file(tensors, tmp_path / "m" / "model.safetensors")
     with pytest.raises(CheckpointError, match=rf"{name}.*bfloat16.*float8_e4m3fn"):
         atom_model(str(tmp_path / "m"))
+
+
+@pytest.mark.parametrize("order", [("weight", "bias", "scale"), ("bias", "scale", "weight"),
+                                   ("scale", "weight", "bias")])
+def test_a_layer_dequantized_at_load_takes_its_tensors_in_any_order(order):
+    with quantized_layers(QuantConfig("fp8", Fp8Scheme(32, False, "weight_scale_inv")), {}):
+        layer = ColumnParallelLinear(64, 96, bias=True, prefix="kv_b_proj", dequantize=True)
+    weight, scale = quantize_block_fp8(torch.randn(96, 64), (32, 32))
+    tensors = {"weight": weight, "scale": scale, "bias": torch.randn(96)}
+    params = {"weight": layer.weight, "scale": layer.weight_scale_inv, "bias": layer.bias}
+    with torch.no_grad():
+        for name in order:
+            params[name].weight_loader(params[name], tensors[name])
+    assert layer.weight.dtype == torch.float32
+    assert torch.equal(layer.weight, dequantize_fp8(weight, scale, 32))
+    assert torch.equal(layer.bias, tensors["bias"])

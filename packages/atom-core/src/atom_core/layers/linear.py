@@ -160,8 +160,9 @@ class LinearBase(nn.Module):
     def _dequantize_when_complete(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """Keep the FP8 weight or its scale, whichever comes first; with both, load the dequantized
         weight."""
-        if param is self.weight and loaded.dtype != FP8_DTYPE:
-            return  # an unquantized checkpoint tensor: loaded as it is
+        scale = getattr(self, self.checkpoint_scheme.weight_scale_name)
+        if param is not scale and (param is not self.weight or loaded.dtype != FP8_DTYPE):
+            return  # the bias, or an unquantized checkpoint weight: loaded as they are
         self._pending_fp8["weight" if param is self.weight else "scale"] = loaded
         if len(self._pending_fp8) == 2:
             pending, self._pending_fp8 = self._pending_fp8, {}
