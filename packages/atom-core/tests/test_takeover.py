@@ -124,7 +124,7 @@ def qwen3(tmp_path):
     ({"quantization": "fp8"}, "online quantization 'fp8' of an unquantized checkpoint is not supported"),
     ({"lora": True}, "LoRA is not supported"),
     ({"pipeline_parallel_size": 2}, "pipeline parallelism (size 2) is not supported"),
-    ({"kv_cache_dtype": "fp8_e4m3"}, "KV-cache dtype 'fp8_e4m3' is not supported"),
+    ({"kv_cache_dtype": "fp8_e5m2"}, "KV-cache dtype 'fp8_e5m2' is not supported"),
     ({"kv_cache_dtype": "float16"}, "KV-cache dtype 'float16' is not supported"),
     ({"dtype": torch.float64}, "dtype torch.float64 is not supported"),
 ], ids=lambda v: v if isinstance(v, str) else None)
@@ -132,9 +132,15 @@ def test_each_reason(qwen3, fields, reason):
     assert decide_takeover(dataclasses.replace(qwen3, **fields)).reasons == (reason,)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "bf16"])
-def test_kv_cache_in_the_model_dtype_is_served(qwen3, kv_cache_dtype):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "bf16", "fp8", "fp8_e4m3"])
+def test_kv_cache_in_the_model_dtype_or_e4m3_is_served(qwen3, kv_cache_dtype):
     assert decide_takeover(dataclasses.replace(qwen3, kv_cache_dtype=kv_cache_dtype)).atom_serves
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3"])
+def test_fp8_kv_cache_of_mla_models_is_served(tmp_path, kv_cache_dtype):
+    mla = hosted(published_config("deepseek-v2-lite", tmp_path), kv_cache_dtype=kv_cache_dtype)
+    assert decide_takeover(mla).atom_serves
 
 
 @pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])

@@ -267,7 +267,10 @@ AITER = {
         "mla_decode_fwd": (
             "aiter/mla.py",
             "q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,"
-            " page_size=1, nhead_kv=1, sm_scale=None, logit_cap=0.0, num_kv_splits=None",
+            " page_size=1, nhead_kv=1, sm_scale=None, logit_cap=0.0, num_kv_splits=None,"
+            " num_kv_splits_indptr=None, work_meta_data=None, work_indptr=None, work_info_set=None,"
+            " reduce_indptr=None, reduce_final_map=None, reduce_partial_map=None, q_scale=None,"
+            " kv_scale=None",
             _mla_decode_fwd),
     },
     "aiter.ops.triton.attention.unified_attention": {

@@ -243,3 +243,32 @@ def test_tma_prefill_reuses_one_compiled_kernel_across_batches():
     for first, lengths in [(0, [1024]), (3, [1000, 17]), (5, [1]), (0, [300, 301, 302])]:
         prefill(first, lengths)
     assert variants() == compiled
+
+
+@backends
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("q_lens, seq_lens, num_splits", [([1, 1, 1], [100, 7, 300], None),
+                                                          ([1, 1], [70, 33], 3),
+                                                          ([5, 1], [40, 9], None)])
+def test_paged_attention_fp8_cache(backend, dtype, q_lens, seq_lens, num_splits):
+    """FP8 caches with scales: the same as attention over the dequantized cache (x_fp8 * scale)."""
+    heads, kv_heads, head_size, block_size = 8, 2, 64, 16
+    block_table, num_blocks = paged_layout(seq_lens, block_size)
+    k_scale = torch.tensor([0.05], device=DEVICE)
+    v_scale = torch.tensor([0.02], device=DEVICE)
+    fp8 = torch.float8_e4m3fn
+    key_cache = (rand(num_blocks, block_size, kv_heads, head_size, scale=2.0) / 0.05).to(fp8)
+    value_cache = (rand(num_blocks, block_size, kv_heads, head_size) / 0.02).to(fp8)
+    q = rand(sum(q_lens), heads, head_size, dtype=dtype)
+    cu_q = cu_seqlens(q_lens)
+    scale = head_size**-0.5
+    out = impl("paged_attention", backend)(
+        q, key_cache, value_cache, cu_q, torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_table, scale, None, None, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+    )
+    expected = []
+    for i, (qs, qe) in enumerate(zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True)):
+        k = gather_paged(key_cache, block_table[i], seq_lens[i]).float() * 0.05
+        v = gather_paged(value_cache, block_table[i], seq_lens[i]).float() * 0.02
+        expected.append(reference_attention(q[qs:qe], k, v, scale, True, None, None))
+    assert_close(out, torch.cat(expected), dtype, "accumulated")

@@ -77,3 +77,61 @@ def test_concat_and_cache_mla(backend, dtype, kv_lora_rank, rope_dim, block_size
     want = expected_cache(cache, torch.cat([kv_c, k_pe.squeeze(1)], dim=-1), slots)
     impl("concat_and_cache_mla", backend)(kv_c, k_pe, cache, torch.tensor(slots, device=DEVICE))
     assert_same_cache(cache, want)
+
+
+FP8 = torch.float8_e4m3fn
+
+
+@backends
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_reshape_and_cache_fp8(backend, dtype):
+    """An FP8 cache holds x / scale rounded to nearest e4m3, saturated at +-448; the scales are
+    one-element fp32 tensors (vLLM's layer._k_scale / _v_scale)."""
+    num_tokens, heads, head_size, block_size, num_blocks = 9, 2, 64, 4, 5
+    k = rand(num_tokens, heads, head_size, dtype=dtype, scale=3.0)
+    v = rand(num_tokens, heads, head_size, dtype=dtype, scale=3.0)
+    k[0, 0, :4] = torch.tensor([1e4, -1e4, 0.0, 2.5], dtype=dtype)  # saturated, zero, exact
+    slots = torch.randperm(num_blocks * block_size)[:num_tokens].tolist()
+    slots[2] = -1
+    k_scale = torch.tensor([0.5], device=DEVICE)
+    v_scale = torch.tensor(2.0, device=DEVICE)
+    key_cache = torch.zeros(num_blocks, block_size, heads, head_size, dtype=FP8, device=DEVICE)
+    value_cache = torch.zeros_like(key_cache)
+    impl("reshape_and_cache", backend)(
+        k, v, key_cache, value_cache, torch.tensor(slots, device=DEVICE), k_scale=k_scale, v_scale=v_scale
+    )
+    zeros = torch.zeros(num_blocks, block_size, heads, head_size, device=DEVICE)
+    want_k = expected_cache(zeros, (k.float() / 0.5).clamp(-448, 448), slots).to(FP8)
+    want_v = expected_cache(zeros, (v.float() / 2.0).clamp(-448, 448), slots).to(FP8)
+    assert torch.equal(key_cache.view(torch.uint8), want_k.view(torch.uint8))
+    assert torch.equal(value_cache.view(torch.uint8), want_v.view(torch.uint8))
+    first = key_cache[slots[0] // block_size, slots[0] % block_size, 0, :4].float()
+    assert first.tolist() == [448.0, -448.0, 0.0, 5.0]
+
+
+@backends
+def test_cache_scales_go_with_fp8_caches_only(backend):
+    k = rand(2, 1, 16)
+    cache = torch.zeros(2, 4, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="k_scale.*FP8 caches only"):
+        impl("reshape_and_cache", backend)(
+            k, k, cache, cache.clone(), torch.tensor([0, 1], device=DEVICE), k_scale=torch.ones(1, device=DEVICE)
+        )
+    fp8_cache = cache.to(FP8)
+    with pytest.raises(ValueError, match="v_scale.*one fp32 value"):
+        impl("reshape_and_cache", backend)(
+            k, k, fp8_cache, fp8_cache.clone(), torch.tensor([0, 1], device=DEVICE),
+            v_scale=torch.ones(2, device=DEVICE),
+        )
+
+
+@backends
+def test_concat_and_cache_mla_fp8(backend):
+    kv_c, k_pe = rand(5, 32, scale=4.0), rand(5, 1, 16, scale=4.0)
+    slots = [3, 0, -1, 7, 5]
+    cache = torch.zeros(2, 4, 48, dtype=FP8, device=DEVICE)
+    scale = torch.tensor([0.25], device=DEVICE)
+    impl("concat_and_cache_mla", backend)(kv_c, k_pe, cache, torch.tensor(slots, device=DEVICE), scale=scale)
+    entries = torch.cat([kv_c, k_pe.flatten(1)], dim=-1) / 0.25
+    want = expected_cache(torch.zeros(2, 4, 48, device=DEVICE), entries.clamp(-448, 448), slots).to(FP8)
+    assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))

@@ -94,3 +94,30 @@ def test_aiter_adapter_wiring(monkeypatch):
     assert_close(got, want, torch.float32)
     assert torch.equal(cache.isnan(), want_cache.isnan())
     assert_close(cache.nan_to_num(), want_cache.nan_to_num(), torch.float32)
+
+
+@backends
+@pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
+def test_fused_qk_rope_concat_and_cache_mla_fp8_cache(backend, is_neox):
+    """An FP8 cache gets [kv_c | rope(k_pe)] / kv_scale, rotated in fp32, rounded once to e4m3."""
+    fp8, block_size, rank, rope_dim = torch.float8_e4m3fn, 4, 32, 16
+    slots = [3, -1, 17, 8]
+    q, kv_a, cos_sin, positions, _, slot_mapping = make_case(2, 16, rank, rope_dim, block_size, torch.bfloat16, slots)
+    kv_a = kv_a * 8.0  # some entries past 448 after the scale: saturated
+    kv_scale = torch.tensor([0.05], device=DEVICE)
+    cache = torch.zeros(8, block_size, rank + rope_dim, dtype=fp8, device=DEVICE)
+    impl("fused_qk_rope_concat_and_cache_mla", backend)(
+        q[..., :16], q[..., 16:], kv_a[:, :rank], kv_a[:, rank:], cache, slot_mapping, positions, cos_sin,
+        is_neox, kv_scale=kv_scale,
+    )
+    angles_cos, angles_sin = cos_sin[positions].double().chunk(2, dim=-1)
+    k_rot = rotate_reference(kv_a[:, rank:], angles_cos, angles_sin, is_neox)
+    entries = torch.cat([kv_a[:, :rank].double(), k_rot], -1)
+    quantized = (entries / 0.05).clamp(-448, 448)
+    for t, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        got = cache[slot // block_size, slot % block_size].double()
+        # fp32 rotation then one rounding to e4m3: at most half an e4m3 step (2^-4 relative) off
+        torch.testing.assert_close(got, quantized[t], rtol=2**-4, atol=2**-9)
+    assert (cache.view(torch.uint8) != 0).sum(dim=(1, 2)).count_nonzero() == 3

@@ -10,7 +10,7 @@ import torch
 from sglang_testing import run_sglang
 
 from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
-from atom_core.testing.reference import atom_greedy
+from atom_core.testing.reference import atom_greedy, fp8_kv_cache_semantics
 
 pytestmark = pytest.mark.sglang
 
@@ -37,14 +37,35 @@ def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
 
 
 def test_fp8_mla_is_left_to_sglang(tiny_model_dir, tmp_path):
-    """atom_sglang.config_translation.FP8_MLA_REASON, from SGLang's own configs."""
+    """atom_sglang.config_translation.FP8_MLA_REASON and FP8_MLA_CACHE_REASON, from SGLang's own
+    configs."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.server_args import ServerArgs
 
-    from atom_sglang.config_translation import FP8_MLA_REASON, takeover_decision
+    from atom_sglang.config_translation import FP8_MLA_CACHE_REASON, FP8_MLA_REASON, takeover_decision
 
     fp8 = write_tiny_fp8_checkpoint(tiny_model_dir, "DeepseekV3ForCausalLM", str(tmp_path / "fp8"), "fp8-block")
     bf16 = tiny_model_dir("DeepseekV3ForCausalLM")
-    for model, reasons in ((fp8, (FP8_MLA_REASON,)), (bf16, ())):
-        server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16")
+    cells = ((fp8, "auto", (FP8_MLA_REASON,)), (bf16, "auto", ()),
+             (bf16, "fp8_e4m3", (FP8_MLA_CACHE_REASON,)))
+    for model, kv_cache_dtype, reasons in cells:
+        server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16", kv_cache_dtype=kv_cache_dtype)
         assert takeover_decision(server_args, ModelConfig.from_server_args(server_args)).reasons == reasons
+
+
+def test_fp8_kv_cache_served_by_atom(tiny_model_dir):
+    """``--kv-cache-dtype fp8_e4m3`` on a float32 Qwen3: the prompt attends over its fresh K/V, every
+    decode step over the e4m3 cache (scale 1.0), as atom_core.testing.reference.fp8_kv_cache_semantics
+    states; the greedy tokens of that reference, prompt by prompt."""
+    model = tiny_model_dir("Qwen3ForCausalLM")
+    run = {"model": model, "phases": [PROMPTS], "max_tokens": MAX_TOKENS,
+           "engine_kwargs": {"dtype": "float32", "kv_cache_dtype": "fp8_e4m3"}}
+    [[result]] = run_sglang(([run], {}))
+    assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
+    assert "Use atom attention backend" in result["log"]
+    expected = []
+    for prompt in PROMPTS:
+        with fp8_kv_cache_semantics(len(prompt)):
+            expected += atom_greedy(model, [prompt], MAX_TOKENS)
+    assert [o["tokens"] for o in result["phases"][0]] == expected
+    assert expected != atom_greedy(model, PROMPTS, MAX_TOKENS), "the FP8 cache changed no token"

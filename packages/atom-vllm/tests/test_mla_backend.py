@@ -117,10 +117,11 @@ def serving(monkeypatch, tiny_model_dir):
         context.__exit__(None, None, None)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "fp8_e4m3"])
 @pytest.mark.parametrize("architecture", ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"])
-def test_platform_picks_atom_mla_for_atom_models(serving, architecture):
+def test_platform_picks_atom_mla_for_atom_models(serving, architecture, kv_cache_dtype):
     serving(architecture)
-    assert ATOMPlatform.get_attn_backend_cls(None, mla_selector()) == MLA_BACKEND
+    assert ATOMPlatform.get_attn_backend_cls(None, mla_selector(kv_cache_dtype=kv_cache_dtype)) == MLA_BACKEND
 
 
 def assert_left_to_vllm(selector: AttentionSelectorConfig, cpu_error: str) -> None:
@@ -133,7 +134,8 @@ def assert_left_to_vllm(selector: AttentionSelectorConfig, cpu_error: str) -> No
             ATOMPlatform.get_attn_backend_cls(None, selector)
 
 
-@pytest.mark.parametrize("overrides", [{"kv_cache_dtype": "fp8"}, {"use_sparse": True}], ids=["fp8-cache", "sparse"])
+@pytest.mark.parametrize("overrides", [{"kv_cache_dtype": "fp8_e5m2"}, {"use_sparse": True}],
+                         ids=["fp8-e5m2-cache", "sparse"])
 def test_platform_leaves_unsupported_mla_to_vllm(serving, overrides):
     serving("DeepseekV3ForCausalLM")
     assert_left_to_vllm(mla_selector(**overrides), "not supported on CPU")

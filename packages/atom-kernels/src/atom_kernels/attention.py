@@ -8,7 +8,9 @@ denominator without a value (GPT-OSS attention sinks).
 
 Keyword-only extras: ``out`` (a preallocated [num_tokens, num_heads, head_size] output, as vLLM's
 attention layers pass), and for ``paged_attention`` the GPU-kernel hints ``max_seq_len`` (caps the
-split-K factor without reading lengths back from the GPU) and ``num_splits`` (forces it).
+split-K factor without reading lengths back from the GPU) and ``num_splits`` (forces it), and the
+scales ``k_scale`` / ``v_scale`` of FP8 caches (see :mod:`atom_kernels.cache`): the kernel reads FP8
+tiles, widens them to the query's type and folds the scales into the softmax scale and the output.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels import prefill_attention
+from atom_kernels.cache import check_cache_scale, from_cache_dtype, is_fp8_cache
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
@@ -62,6 +65,8 @@ def paged_attention(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over the paged cache; the queries are the last tokens of each sequence (decode,
     extend)."""
@@ -136,13 +141,21 @@ def varlen_attention_torch(
 
 
 def gather_sequence_kv(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, block_row: torch.Tensor, length: int
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_row: torch.Tensor,
+    length: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``length`` cached K and V of one sequence: [length, num_kv_heads, head_size] each."""
+    """The first ``length`` cached K and V of one sequence: [length, num_kv_heads, head_size] each
+    (FP8 caches dequantized to fp32)."""
     block_size = key_cache.shape[1]
     blocks = block_row[: (length + block_size - 1) // block_size].long()
     k = key_cache[blocks].flatten(0, 1)[:length]
     v = value_cache[blocks].flatten(0, 1)[:length]
+    if is_fp8_cache(key_cache):
+        k, v = from_cache_dtype(k, k_scale), from_cache_dtype(v, v_scale)
     return k, v
 
 
@@ -161,14 +174,18 @@ def paged_attention_torch(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``max_seq_len`` and ``num_splits`` are hints for the GPU kernels; the reference ignores them."""
+    check_cache_scale("k_scale", key_cache, k_scale)
+    check_cache_scale("v_scale", value_cache, v_scale)
     out = output_buffer(out, tuple(q.shape), q)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
     for i in range(len(starts) - 1):
         qs, qe = starts[i], starts[i + 1]
-        k, v = gather_sequence_kv(key_cache, value_cache, block_table[i], lengths[i])
+        k, v = gather_sequence_kv(key_cache, value_cache, block_table[i], lengths[i], k_scale, v_scale)
         out[qs:qe] = attend_one_sequence(q[qs:qe], k, v, scale, True, sliding_window, sinks)
     return out
 
@@ -243,6 +260,7 @@ def _attend_tiles(
             )
         else:  # a full tile: every key is valid
             k = tl.load(k_head + k_off[None, :] + dims[:, None])
+        k = k.to(q.dtype)  # FP8 caches: widened here, their scale is in qk_scale
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
         if EXTRA_DIM > 0:
             k_extra = tl.load(
@@ -250,7 +268,7 @@ def _attend_tiles(
                 mask=kv_valid[None, :] & (extra_dims < HEAD_DIM + EXTRA_DIM)[:, None],
                 other=0.0,
             )
-            s += tl.dot(q_extra, k_extra, input_precision=DOT_PRECISION)
+            s += tl.dot(q_extra, k_extra.to(q.dtype), input_precision=DOT_PRECISION)
         # Scores stay unscaled: the scale joins the exponent as one multiply-add (qk_scale > 0).
         if MASKED:
             visible = tl.broadcast_to(kv_valid[None, :], s.shape)
@@ -278,6 +296,7 @@ def _attend_tiles(
                 )
             else:
                 v = tl.load(v_head + v_off[:, None] + dims[None, :])
+            v = v.to(q.dtype)  # FP8 caches: the scale multiplies the output
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -297,6 +316,8 @@ def _attention_kernel(
     out_ptr,
     lse_ptr,
     sinks_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     query_start_ptr,
     kv_start_ptr,
     seq_lens_ptr,
@@ -400,6 +421,8 @@ def _attention_kernel(
         full_hi = tl.minimum(full_hi, (first_q_pos + 1 - kv_lo) // BLOCK_N)
     full_hi = tl.maximum(full_hi, full_lo)
 
+    if k_scale_ptr is not None:
+        qk_scale *= tl.load(k_scale_ptr)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
@@ -454,6 +477,8 @@ def _attention_kernel(
             DOT_PRECISION=DOT_PRECISION,
         )
 
+    if v_scale_ptr is not None:
+        acc *= tl.load(v_scale_ptr)
     out_rows = (q_start + token).to(tl.int64)[:, None] * o_stride_t + head[:, None] * o_stride_h
     out_mask = row_valid[:, None] & (dims < HEAD_DIM)[None, :]
     if NUM_SPLITS == 1:
@@ -574,6 +599,8 @@ def launch_attention(
     num_splits: int = 1,
     decode: bool = False,
     config: dict[str, int] | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run :func:`_attention_kernel`.
 
@@ -581,6 +608,7 @@ def launch_attention(
     [num_blocks, block_size, KH, *] caches; otherwise [total_kv, KH, *] with ``kv_start`` offsets. The
     values are k's first ``head_dim`` channels when ``v is k`` (MLA). ``config`` (HEADS, BLOCK_M,
     BLOCK_N, num_warps, num_stages) overrides the tuned table and the defaults: the tuner's candidates.
+    ``k_scale`` and ``v_scale`` are the scales of FP8 caches (the same tensor for MLA's latent).
     """
     num_tokens, num_heads = q.shape[0], q.shape[1]
     paged = block_table is not None
@@ -638,6 +666,8 @@ def launch_attention(
         target,
         lse,
         sinks,
+        k_scale,
+        v_scale,
         query_start,
         kv_start,
         seq_lens,
@@ -760,8 +790,12 @@ def paged_attention_triton(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     check_same_device(q=q, key_cache=key_cache, value_cache=value_cache, seq_lens=seq_lens)
+    check_cache_scale("k_scale", key_cache, k_scale)
+    check_cache_scale("v_scale", value_cache, v_scale)
     out = output_buffer(out, tuple(q.shape), q)
     num_seqs = seq_lens.shape[0]
     # Every sequence has at least one query token, so T == num_seqs means one token each: decode.
@@ -787,4 +821,6 @@ def paged_attention_triton(
         head_dim=q.shape[-1],
         num_splits=num_splits,
         decode=decode,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )

@@ -30,7 +30,7 @@ from atom_kernels.attention import (
     launch_attention,
     output_buffer,
 )
-from atom_kernels.cache import concat_and_cache_mla_torch
+from atom_kernels.cache import cache_fp8_max, check_cache_scale, concat_and_cache_mla_torch, is_fp8_cache
 from atom_kernels.registry import define_op
 from atom_kernels.rope import rotate_torch
 from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, next_pow2
@@ -49,8 +49,10 @@ def mla_decode(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MLA over the latent cache: q [T, H, kv_lora_rank + rope_dim] -> out [T, H, kv_lora_rank]."""
+    """MLA over the latent cache: q [T, H, kv_lora_rank + rope_dim] -> out [T, H, kv_lora_rank].
+    An FP8 cache holds the entries divided by ``kv_scale`` (see :mod:`atom_kernels.cache`)."""
 
 
 @define_op
@@ -66,9 +68,10 @@ def fused_qk_rope_concat_and_cache_mla(
     is_neox: bool,
     *,
     out: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q_out`` [T, H, nope + rope] = ``[q_nope | rope(q_pe)]``; writes ``[kv_c | rope(k_pe)]`` to
-    each token's cache slot."""
+    each token's cache slot (an FP8 cache: divided by ``kv_scale``, from the fp32 rotation)."""
 
 
 @mla_decode.register("torch")
@@ -84,11 +87,14 @@ def mla_decode_torch(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    check_cache_scale("kv_scale", kv_cache, kv_scale)
     out = output_buffer(out, (q.shape[0], q.shape[1], kv_lora_rank), q)
     starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
     for i in range(len(starts) - 1):
-        latent = gather_sequence_kv(kv_cache, kv_cache, block_table[i], lengths[i])[0].unsqueeze(1)
+        latent = gather_sequence_kv(kv_cache, kv_cache, block_table[i], lengths[i], kv_scale, kv_scale)[0]
+        latent = latent.unsqueeze(1)
         qs, qe = starts[i], starts[i + 1]
         out[qs:qe] = attend_one_sequence(
             q[qs:qe], latent, latent[..., :kv_lora_rank], scale, True, None, None
@@ -109,8 +115,10 @@ def mla_decode_triton(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     check_same_device(q=q, kv_cache=kv_cache, seq_lens=seq_lens, block_table=block_table)
+    check_cache_scale("kv_scale", kv_cache, kv_scale)
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != q.shape[-1]:
         raise ValueError(f"mla_decode: kv_cache {tuple(kv_cache.shape)} vs q {tuple(q.shape)}")
     out = output_buffer(out, (q.shape[0], q.shape[1], kv_lora_rank), q)
@@ -137,6 +145,8 @@ def mla_decode_triton(
         heads_per_program=heads_per_program,
         num_splits=num_splits,
         decode=True,
+        k_scale=kv_scale,
+        v_scale=kv_scale,
     )
 
 
@@ -186,6 +196,7 @@ def fused_qk_rope_concat_and_cache_mla_torch(
     is_neox: bool,
     *,
     out: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     k_pe = _check_rope_cache_args(q_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, positions, cos_sin_cache)
     nope_dim = q_nope.shape[-1]
@@ -193,8 +204,10 @@ def fused_qk_rope_concat_and_cache_mla_torch(
     cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
     out[..., :nope_dim] = q_nope
     out[..., nope_dim:] = rotate_torch(q_pe.float(), cos.unsqueeze(1), sin.unsqueeze(1), is_neox)
-    k_rot = rotate_torch(k_pe.float(), cos, sin, is_neox).to(k_pe.dtype)
-    concat_and_cache_mla_torch(kv_c, k_rot, kv_cache, slot_mapping)
+    k_rot = rotate_torch(k_pe.float(), cos, sin, is_neox)
+    if not is_fp8_cache(kv_cache):
+        k_rot = k_rot.to(k_pe.dtype)
+    concat_and_cache_mla_torch(kv_c, k_rot, kv_cache, slot_mapping, scale=kv_scale)
     return out
 
 
@@ -208,11 +221,14 @@ def _rotate_rows(
     dst_row_stride,
     cos,
     sin,
+    scale_ptr,
     IS_NEOX: tl.constexpr,
     HALF: tl.constexpr,
     HALF_P2: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
-    """Rotate ``rows`` (a [R, 1] index column) of 2 * HALF channels each, from src to dst."""
+    """Rotate ``rows`` (a [R, 1] index column) of 2 * HALF channels each, from src to dst; FP8_MAX > 0
+    quantizes as :func:`atom_kernels.cache._copy_rows_to_slot` does."""
     pairs = tl.arange(0, HALF_P2)[None, :]
     mask = row_mask & (pairs < HALF)
     if IS_NEOX:
@@ -223,8 +239,17 @@ def _rotate_rows(
     dst = dst_ptr + rows * dst_row_stride
     x1 = tl.load(src + first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + second, mask=mask, other=0.0).to(tl.float32)
-    tl.store(dst + first, (x1 * cos - x2 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + second, (x2 * cos + x1 * sin).to(dst_ptr.dtype.element_ty), mask=mask)
+    y1 = x1 * cos - x2 * sin
+    y2 = x2 * cos + x1 * sin
+    if FP8_MAX > 0:
+        if scale_ptr is not None:
+            scale = tl.load(scale_ptr)
+            y1 = y1 / scale
+            y2 = y2 / scale
+        y1 = tl.clamp(y1, -FP8_MAX, FP8_MAX)
+        y2 = tl.clamp(y2, -FP8_MAX, FP8_MAX)
+    tl.store(dst + first, y1.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + second, y2.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -238,6 +263,7 @@ def _fused_qk_rope_concat_and_cache_mla_kernel(
     positions_ptr,
     cos_sin_ptr,
     out_ptr,
+    kv_scale_ptr,
     q_nope_token_stride,
     q_nope_head_stride,
     q_pe_token_stride,
@@ -258,6 +284,7 @@ def _fused_qk_rope_concat_and_cache_mla_kernel(
     HALF_P2: tl.constexpr,
     HEADS: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     """One token x HEADS query heads; the first head block of a token also writes its cache slot."""
     token = tl.program_id(0).to(tl.int64)
@@ -280,9 +307,11 @@ def _fused_qk_rope_concat_and_cache_mla_kernel(
         out_head_stride,
         cos,
         sin,
+        None,
         IS_NEOX,
         HALF,
         HALF_P2,
+        0.0,
     )
     for start in tl.static_range(0, NOPE_DIM, CHUNK):
         dims = start + tl.arange(0, CHUNK)[None, :]
@@ -299,6 +328,11 @@ def _fused_qk_rope_concat_and_cache_mla_kernel(
                 rank_dims = start + tl.arange(0, CHUNK)
                 rank_mask = rank_dims < RANK
                 latent = tl.load(kv_c_ptr + token * kv_c_stride + rank_dims, mask=rank_mask)
+                if FP8_MAX > 0:
+                    latent = latent.to(tl.float32)
+                    if kv_scale_ptr is not None:
+                        latent = latent / tl.load(kv_scale_ptr)
+                    latent = tl.clamp(latent, -FP8_MAX, FP8_MAX)
                 tl.store(dst + rank_dims, latent.to(kv_cache_ptr.dtype.element_ty), mask=rank_mask)
             one_row = tl.arange(0, 1)[:, None]
             _rotate_rows(
@@ -310,9 +344,11 @@ def _fused_qk_rope_concat_and_cache_mla_kernel(
                 0,
                 cos,
                 sin,
+                kv_scale_ptr,
                 IS_NEOX,
                 HALF,
                 HALF_P2,
+                FP8_MAX,
             )
 
 
@@ -329,8 +365,10 @@ def fused_qk_rope_concat_and_cache_mla_triton(
     is_neox: bool,
     *,
     out: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     k_pe = _check_rope_cache_args(q_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, positions, cos_sin_cache)
+    check_cache_scale("kv_scale", kv_cache, kv_scale)
     check_same_device(q_nope=q_nope, q_pe=q_pe, kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping,
                       positions=positions, cos_sin_cache=cos_sin_cache)
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache)):
@@ -353,6 +391,7 @@ def fused_qk_rope_concat_and_cache_mla_triton(
         positions,
         cos_sin_cache,
         out,
+        kv_scale,
         q_nope.stride(0),
         q_nope.stride(1),
         q_pe.stride(0),
@@ -373,6 +412,7 @@ def fused_qk_rope_concat_and_cache_mla_triton(
         HALF_P2=next_pow2(rope_dim // 2),
         HEADS=heads,
         IS_NEOX=is_neox,
+        FP8_MAX=cache_fp8_max(kv_cache),
         num_warps=4,
     )
     return out

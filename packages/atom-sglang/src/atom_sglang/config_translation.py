@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from atom_core.config import Config
-from atom_core.hosting.takeover import HostedModel, TakeoverDecision, decide_takeover
+from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, HostedModel, TakeoverDecision, decide_takeover
 
 
 def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel:
@@ -50,14 +50,20 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
 # explains it, but nothing here proves the pairing right (SGLang's runner gives no logprobs to
 # compare). Until a check does, SGLang serves FP8 MLA models itself.
 FP8_MLA_REASON = "FP8 MLA models on SGLang are not verified yet"
+# The same pairing with an FP8 KV cache: SGLang's MLA backends keep it themselves, untested with ATOM.
+FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang is not verified yet"
 
 
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
     mla = getattr(model.hf_config, "kv_lora_rank", None) is not None
-    if decision.atom_serves and mla and model.quantization is not None:
+    if not (decision.atom_serves and mla):
+        return decision
+    if model.quantization is not None:
         return dataclasses.replace(decision, reasons=(FP8_MLA_REASON,))
+    if model.kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+        return dataclasses.replace(decision, reasons=(FP8_MLA_CACHE_REASON,))
     return decision
 
 

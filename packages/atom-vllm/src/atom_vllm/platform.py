@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from vllm.platforms import builtin_platform_plugins
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
-from atom_core.hosting.takeover import enforce_strict
+from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, enforce_strict
 from atom_core.log import logger
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_vllm import envs
@@ -60,7 +60,7 @@ def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
         and not config.use_non_causal
         and not config.use_per_head_quant_scales
         and config.attn_type == AttentionType.DECODER
-        and config.kv_cache_dtype in (None, "auto")
+        and config.kv_cache_dtype in (None, "auto", *FP8_KV_CACHE_DTYPES)
         and atom_serves_current_model()
     )
 
@@ -74,7 +74,7 @@ def atom_mla_supports(config: AttentionSelectorConfig) -> bool:
         config.use_mla
         and not config.use_sparse
         and config.attn_type == AttentionType.DECODER
-        and config.kv_cache_dtype in (None, "auto")
+        and config.kv_cache_dtype in (None, "auto", *FP8_KV_CACHE_DTYPES)
         and atom_serves_current_model()
     )
 

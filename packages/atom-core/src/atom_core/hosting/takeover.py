@@ -17,7 +17,7 @@ The reasons, in the order they are checked (each one is a function below):
 | quantization | a scheme atom_core.quantization does not serve; online (``quantization="fp8"`` on bf16) |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
-| KV-cache dtype | ATOM's attention keeps the cache in the model dtype |
+| KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
 | dtype | ATOM's kernels run float32, bfloat16 and float16 |
 | rope type | ATOM builds default, linear, llama3 and yarn rotary tables |
 """
@@ -45,6 +45,9 @@ _KV_CACHE_DTYPE_NAMES = {
     torch.float16: ("float16", "fp16", "half"),
     torch.float32: ("float32", "fp32", "float"),
 }
+# The hosts' names of an FP8 e4m3 KV cache (vLLM: fp8 = fp8_e4m3; SGLang: fp8_e4m3), which ATOM's
+# attention serves; fp8_e5m2 and the FP4 caches it does not.
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ def _pipeline_parallel(model: HostedModel) -> str | None:
 
 def _kv_cache_dtype(model: HostedModel) -> str | None:
     if model.kv_cache_dtype in ("auto", *_KV_CACHE_DTYPE_NAMES.get(model.dtype, ())):
+        return None
+    if model.kv_cache_dtype in FP8_KV_CACHE_DTYPES:
         return None
     return f"KV-cache dtype {model.kv_cache_dtype!r} is not supported"
 

@@ -127,13 +127,14 @@ def mla_decode(
     block_table: torch.Tensor,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed form over the paged latent cache. q_latent [T, H, L + R] = [q_nope W_UK | rope(q_pe)]
     (queries are the last tokens of their sequences). Returns [T, H * V], written into ``out`` when
-    given."""
+    given. ``kv_scale``: an FP8 cache's scale."""
     latent_out = atom_kernels.mla_decode(
         q_latent, kv_cache, query_start_loc, seq_lens, block_table, spec.scale, spec.kv_lora_rank,
-        max_seq_len=max_seq_len,
+        max_seq_len=max_seq_len, kv_scale=kv_scale,
     )
     return up_project_v(spec, latent_out, out)
 
@@ -147,11 +148,14 @@ def rope_and_cache(
     k_pe: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rotate q_pe and k_pe, write ``[kv_c | rope(k_pe)]`` to the cache; returns ``[q_nope | rope(q_pe)]``."""
+    """Rotate q_pe and k_pe, write ``[kv_c | rope(k_pe)]`` to the cache (an FP8 one: divided by
+    ``kv_scale``); returns ``[q_nope | rope(q_pe)]``."""
     rotary = spec.rotary_emb
     return atom_kernels.fused_qk_rope_concat_and_cache_mla(
-        q_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, positions, rotary.cos_sin_cache, rotary.is_neox
+        q_nope, q_pe, kv_c, k_pe, kv_cache, slot_mapping, positions, rotary.cos_sin_cache, rotary.is_neox,
+        kv_scale=kv_scale,
     )
 
 
@@ -180,6 +184,10 @@ _factory: LatentAttentionFactory = StandaloneLatentAttention
 def set_latent_attention_factory(factory: LatentAttentionFactory) -> None:
     global _factory
     _factory = factory
+
+
+def get_latent_attention_factory() -> LatentAttentionFactory:
+    return _factory
 
 
 _layers_by_name: dict[str, LatentAttention] = {}

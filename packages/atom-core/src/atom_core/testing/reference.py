@@ -3,6 +3,9 @@ run standalone (no host engine)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 
@@ -67,3 +70,54 @@ def prompt_logprobs(logits: torch.Tensor, prompt: list[int]) -> list[float]:
     """The log-probability of each prompt token after the first, from the prompt's logits."""
     logprobs = logits.float().log_softmax(-1)
     return logprobs[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
+
+
+def _through_e4m3(x: torch.Tensor) -> torch.Tensor:
+    fp8 = torch.float8_e4m3fn
+    fp8_max = torch.finfo(fp8).max
+    return x.float().clamp(-fp8_max, fp8_max).to(fp8).to(x.dtype)
+
+
+@contextlib.contextmanager
+def fp8_kv_cache_semantics(fresh_tokens: int) -> Iterator[None]:
+    """ATOM models built inside this block attend as ATOM's host attention does over an FP8 e4m3
+    KV cache with scale 1.0 (the hosts' default).
+
+    MHA: in each sequence, the first ``fresh_tokens`` query rows (a first prefill chunk, which
+    attends over the fresh K/V) over plain K/V, every later row (a later prefill chunk, a decode
+    step: both read the cache) over all K/V rounded through e4m3. MLA: every row over the latent
+    entries ``[kv_c | rope(k_pe)]`` rounded through e4m3 (its prefill reads the cache too).
+    """
+    from atom_core.layers import attention, mla
+    from atom_kernels.attention import attend_one_sequence
+
+    class Fp8CacheAttention(attention.StandaloneAttention):
+        def forward(self, q, k, v, out=None):
+            s = self.spec
+            q = q.view(-1, s.num_heads, s.head_size)
+            k = k.view(-1, s.num_kv_heads, s.head_size)
+            v = v.view(-1, s.num_kv_heads, s.head_size)
+            fresh = attend_one_sequence(q[:fresh_tokens], k[:fresh_tokens], v[:fresh_tokens], s.scale,
+                                        True, s.sliding_window, s.sinks)
+            cached = attend_one_sequence(q[fresh_tokens:], _through_e4m3(k), _through_e4m3(v), s.scale,
+                                         True, s.sliding_window, s.sinks)
+            result = torch.cat([fresh, cached]).reshape(q.shape[0], -1)
+            return result if out is None else out.copy_(result)
+
+    class Fp8LatentCacheAttention(mla.StandaloneLatentAttention):
+        def forward(self, positions, q, kv_c, k_pe):
+            s = self.spec
+            p = s.qk_nope_head_dim
+            q_pe, k_pe = s.rotary_emb(positions, q[..., p:], k_pe)
+            cu = attention.standalone_cu_seqlens(q.device)
+            latent = _through_e4m3(torch.cat([kv_c, k_pe.reshape(k_pe.shape[0], -1)], dim=-1))
+            return mla.mla_prefill(s, torch.cat([q[..., :p], q_pe], dim=-1), latent, cu, cu)
+
+    previous = attention.get_attention_factory(), mla.get_latent_attention_factory()
+    attention.set_attention_factory(Fp8CacheAttention)
+    mla.set_latent_attention_factory(Fp8LatentCacheAttention)
+    try:
+        yield
+    finally:
+        attention.set_attention_factory(previous[0])
+        mla.set_latent_attention_factory(previous[1])

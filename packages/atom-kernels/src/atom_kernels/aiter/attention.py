@@ -64,8 +64,11 @@ def paged_attention_aiter(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    # AITER's Triton unified attention reads our [num_blocks, block_size, KH, D] (flash) layout as is.
+    # AITER's Triton unified attention reads our [num_blocks, block_size, KH, D] (flash) layout as is,
+    # FP8 caches too, with their scales as its k_descale / v_descale.
     from aiter.ops.triton.attention.unified_attention import unified_attention
 
     out = torch.empty_like(q) if out is None else out
@@ -85,8 +88,8 @@ def paged_attention_aiter(
         block_table,
         0.0,
         None,
-        None,
-        None,
+        k_scale,
+        v_scale,
         sinks=sinks,
     )
     return out

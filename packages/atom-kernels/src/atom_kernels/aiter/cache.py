@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
+from atom_kernels.cache import concat_and_cache_mla, is_fp8_cache, reshape_and_cache
+
+
+def _dtype_and_scale(cache: torch.Tensor, scale: torch.Tensor | None) -> tuple[str, torch.Tensor]:
+    """AITER's kv_cache_dtype string and the scale it divides by (1.0 unless given)."""
+    one = torch.ones(1, dtype=torch.float32, device=cache.device)
+    return ("fp8" if is_fp8_cache(cache) else "auto"), (one if scale is None else scale)
 
 
 @reshape_and_cache.register("aiter")
@@ -14,10 +20,14 @@ def reshape_and_cache_aiter(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     import aiter
 
-    one = torch.ones(1, dtype=torch.float32, device=key.device)
+    cache_dtype, k_scale = _dtype_and_scale(key_cache, k_scale)
+    v_scale = _dtype_and_scale(value_cache, v_scale)[1]
     num_heads, head_size = key_cache.shape[2], key_cache.shape[3]
     aiter.reshape_and_cache_flash(
         key.view(-1, num_heads, head_size),
@@ -25,17 +35,22 @@ def reshape_and_cache_aiter(
         key_cache,
         value_cache,
         slot_mapping,
-        "auto",
-        one,
-        one,
+        cache_dtype,
+        k_scale,
+        v_scale,
     )
 
 
 @concat_and_cache_mla.register("aiter")
 def concat_and_cache_mla_aiter(
-    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
 ) -> None:
     import aiter
 
-    one = torch.ones(1, dtype=torch.float32, device=kv_c.device)
-    aiter.concat_and_cache_mla(kv_c, k_pe.reshape(k_pe.shape[0], -1), kv_cache, slot_mapping, "auto", one)
+    cache_dtype, scale = _dtype_and_scale(kv_cache, scale)
+    aiter.concat_and_cache_mla(kv_c, k_pe.reshape(k_pe.shape[0], -1), kv_cache, slot_mapping, cache_dtype, scale)

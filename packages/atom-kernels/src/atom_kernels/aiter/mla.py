@@ -20,6 +20,7 @@ def fused_qk_rope_concat_and_cache_mla_aiter(
     is_neox: bool,
     *,
     out: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     import aiter
 
@@ -38,7 +39,7 @@ def fused_qk_rope_concat_and_cache_mla_aiter(
         kv_cache,
         out,
         slot_mapping,
-        one,
+        one if kv_scale is None else kv_scale,
         one,
         positions,
         cos.to(q_nope.dtype).contiguous(),
@@ -62,6 +63,7 @@ def mla_decode_aiter(
     out: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     from aiter.mla import mla_decode_fwd
 
@@ -88,5 +90,6 @@ def mla_decode_aiter(
         page_size=block_size,
         nhead_kv=1,
         sm_scale=scale,
+        kv_scale=kv_scale,
     )
     return out

@@ -30,6 +30,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 import atom_kernels
 from atom_core.log import logger
+from atom_kernels.cache import FP8_CACHE_DTYPES
 from atom_sglang.attention.window import to_atom_window
 
 if TYPE_CHECKING:
@@ -50,10 +51,11 @@ class ATOMAttentionBackend(AttentionBackend):
     def __init__(self, model_runner: ModelRunner):
         super().__init__()
         pool = model_runner.token_to_kv_pool
-        if type(pool) is not MHATokenToKVPool or pool.is_quantized_kv_cache or pool.use_hnd:
+        fp8_e5m2 = pool.dtype == torch.float8_e5m2
+        if type(pool) is not MHATokenToKVPool or pool.is_quantized_kv_cache or pool.use_hnd or fp8_e5m2:
             raise NotImplementedError(
                 f"the atom attention backend needs SGLang's plain MHA KV pool in NHD layout with the "
-                f"model's dtype; this model runs with {type(pool).__name__} "
+                f"model's dtype or FP8 e4m3; this model runs with {type(pool).__name__} "
                 f"(kv_cache_dtype={model_runner.server_args.kv_cache_dtype}). "
                 "Choose another --attention-backend."
             )
@@ -61,6 +63,7 @@ class ATOMAttentionBackend(AttentionBackend):
         self.page_size = model_runner.page_size
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = pool
+        self.fp8_cache = pool.dtype in FP8_CACHE_DTYPES
         self.forward_metadata: ATOMAttentionMetadata | None = None
         self.graph_buffers: ATOMAttentionMetadata | None = None
         logger.info("Use atom attention backend for SGLang (page size %d)", self.page_size)
@@ -138,14 +141,17 @@ class ATOMAttentionBackend(AttentionBackend):
 
     def attend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch, save_kv_cache: bool,
                sinks: torch.Tensor | None, unsupported: dict) -> torch.Tensor:
+        """Paged attention after the cache write; a fresh prefill attends first, over K/V as they
+        came: SGLang's write into an FP8 pool divides them by the layer's scales in place."""
         check_layer_supported(layer, unsupported)
-        if save_kv_cache and k is not None:
-            self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        fresh_prefill = self.forward_metadata.fresh_prefill and k is not None
+        if save_kv_cache and k is not None and not fresh_prefill:
+            self.save_kv(layer, forward_batch, k, v)
         num_heads, num_kv_heads, head_size = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         metadata = self.forward_metadata
         window = to_atom_window(layer.sliding_window_size)
         q = q.reshape(-1, num_heads, head_size)
-        if metadata.fresh_prefill and k is not None:
+        if fresh_prefill:
             out = atom_kernels.varlen_attention(
                 q,
                 k.reshape(-1, num_kv_heads, head_size),
@@ -157,6 +163,8 @@ class ATOMAttentionBackend(AttentionBackend):
                 window,
                 sinks,
             )
+            if save_kv_cache:
+                self.save_kv(layer, forward_batch, k, v)
         else:
             k_cache, v_cache = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
             out = atom_kernels.paged_attention(
@@ -169,8 +177,19 @@ class ATOMAttentionBackend(AttentionBackend):
                 layer.scaling,
                 window,
                 sinks,
+                **self.cache_scales(layer),
             )
         return out.reshape(-1, num_heads * head_size)
+
+    def cache_scales(self, layer: RadixAttention) -> dict:
+        """The layer's K/V scales for an FP8 pool (none: 1.0, SGLang's default), else nothing."""
+        if not self.fp8_cache:
+            return {}
+        return {"k_scale": layer.k_scale, "v_scale": layer.v_scale}
+
+    def save_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k: torch.Tensor,
+                v: torch.Tensor) -> None:
+        self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, **self.cache_scales(layer))
 
 
 def check_layer_supported(layer: RadixAttention, unsupported: dict) -> None:

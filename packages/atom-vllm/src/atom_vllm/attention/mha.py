@@ -9,12 +9,17 @@ atom_kernels:
 - extend: several new tokens over cached context (chunked prefill, prefix-cache hits), paged;
 - prefill: whole prompts with no cached context, varlen attention over the fresh K/V.
 
+With ``--kv-cache-dtype fp8`` the cache (allocated by vLLM as uint8) is read as e4m3 and holds K / V
+divided by the layer's ``_k_scale`` / ``_v_scale`` (vLLM's: 1.0 unless the checkpoint or
+``--calculate-kv-scales`` sets them); prefill attends over the fresh, unquantized K/V.
+
 vLLM reorders each batch so requests run [decodes | extends | prefills] (reorder_batch_threshold 1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from vllm.v1.attention.backend import (
@@ -27,10 +32,13 @@ from vllm.v1.attention.backend import (
 )
 
 import atom_kernels
+from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES
 from atom_vllm.attention import ATOMBackendBase, decode_graph_support
 
 
 class ATOMAttentionBackend(ATOMBackendBase):
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *FP8_KV_CACHE_DTYPES]
+
     @staticmethod
     def get_impl_cls() -> type[ATOMAttentionImpl]:
         return ATOMAttentionImpl
@@ -181,6 +189,16 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
         self.prefill_kernels_compiled = False
+        self.fp8_cache = kv_cache_dtype in FP8_KV_CACHE_DTYPES
+
+    def cache_views(self, layer, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """(key_cache, value_cache, scales): an FP8 cache viewed as e4m3, with the layer's scales."""
+        if not self.fp8_cache:
+            return *kv_cache.unbind(0), {}
+        from vllm.platforms import current_platform
+
+        key_cache, value_cache = kv_cache.view(current_platform.fp8_dtype()).unbind(0)
+        return key_cache, value_cache, {"k_scale": layer._k_scale, "v_scale": layer._v_scale}
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: ATOMAttentionMetadata | None,
@@ -190,13 +208,14 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         if attn_metadata is None:  # vLLM's profiling / warm-up runs: no batch, no cache yet
             capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
             if not self.prefill_kernels_compiled and not capturing:
-                self.compile_prefill_kernels(query, key, value, output)
+                self.compile_prefill_kernels(layer, query, key, value, output)
             return output
         m = attn_metadata
-        key_cache, value_cache = kv_cache.unbind(0)
+        key_cache, value_cache, scales = self.cache_views(layer, kv_cache)
         n = m.num_actual_tokens
         if self.kv_sharing_target_layer_name is None:
-            atom_kernels.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, m.slot_mapping[:n])
+            atom_kernels.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, m.slot_mapping[:n],
+                                           **scales)
 
         # Decodes, then extends, read the (just written) cache. Separate launches, so that decode rows
         # get the decode tiles and split-K rather than a share of the extend kernel's query tiles.
@@ -207,7 +226,7 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
             atom_kernels.paged_attention(
                 query[:d], key_cache, value_cache, m.query_start_loc[: m.num_decodes + 1],
                 m.seq_lens[: m.num_decodes], m.block_table[: m.num_decodes], self.scale,
-                self.sliding_window, self.sinks, out=output[:d],
+                self.sliding_window, self.sinks, out=output[:d], **scales,
             )
         paged_reqs = m.num_decodes + m.num_extends
         paged_tokens = m.num_decode_tokens + m.num_extend_tokens
@@ -217,7 +236,7 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
                 query[start:paged_tokens], key_cache, value_cache,
                 m.extend_query_start_loc, m.seq_lens[first:paged_reqs],
                 m.block_table[first:paged_reqs], self.scale, self.sliding_window, self.sinks,
-                out=output[start:paged_tokens],
+                out=output[start:paged_tokens], **scales,
             )
         if m.num_prefills:
             end = paged_tokens + m.num_prefill_tokens
@@ -229,7 +248,7 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
             )
         return output
 
-    def compile_prefill_kernels(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    def compile_prefill_kernels(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                 output: torch.Tensor) -> None:
         """Run the prefill and extend attention kernels once on this layer's real q/k/v/output
         tensors (their strides and alignment are what Triton specializes on), so that they compile
@@ -248,11 +267,11 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         # non-decode variant, which chunked prefill and prefix-cache hits use.
         block_size = 16
         scratch = torch.zeros((2, 1, block_size, self.num_kv_heads, self.head_size),
-                              dtype=key.dtype, device=device)
-        key_cache, value_cache = scratch.unbind(0)
+                              dtype=torch.uint8 if self.fp8_cache else key.dtype, device=device)
+        key_cache, value_cache, scales = self.cache_views(layer, scratch)
         atom_kernels.paged_attention(
             query[:n], key_cache, value_cache, torch.tensor([0, 1, n], **int32),
             torch.tensor([1, n], **int32), torch.zeros((2, 1), **int32), self.scale,
-            self.sliding_window, self.sinks, out=output[:n],
+            self.sliding_window, self.sinks, out=output[:n], **scales,
         )
 

@@ -20,11 +20,16 @@ vLLM orders each batch [decodes | prefills] (reorder threshold 1). Per layer and
 - prefills (fresh prompts, chunked-prefill chunks, prefix-cache hits alike): the same fused op with
   the raw q_nope, then each sequence's whole latent context is gathered from the cache (its new
   tokens included) and expanded to per-head K/V for ordinary causal attention.
+
+With ``--kv-cache-dtype fp8`` the cache (uint8 to vLLM) holds e4m3 entries divided by the layer's
+``_k_scale`` (1.0: vLLM's default, and ATOM reads no KV scales from checkpoints); decode reads them
+in the kernel, prefill dequantizes the gathered context.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -43,6 +48,7 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.attention.selector import get_attn_backend
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
+from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES
 from atom_core.layers.mla import (
     LatentAttentionSpec,
     absorb_q,
@@ -54,6 +60,8 @@ from atom_vllm.attention import ATOMBackendBase, decode_graph_support
 
 
 class ATOMMLABackend(ATOMBackendBase):
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *FP8_KV_CACHE_DTYPES]
+
     @staticmethod
     def get_impl_cls() -> type[ATOMMLAImpl]:
         return ATOMMLAImpl
@@ -158,7 +166,9 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
         self.prefill_kernels_compiled = False
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: ATOMMLAMetadata | None, output: torch.Tensor) -> torch.Tensor:
+                kv_cache: torch.Tensor, metadata: ATOMMLAMetadata | None, output: torch.Tensor,
+                kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``kv_scale``: given for an FP8 cache (its uint8 storage is read as e4m3)."""
         if metadata is None:
             # Profiling and dummy runs have no batch. Zeros keep data-parallel ranks that run dummy
             # batches for their peers in step (vLLM's MLA does the same).
@@ -166,6 +176,10 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
             if not self.prefill_kernels_compiled and not capturing:
                 self.compile_prefill_kernels(q, kv_c, k_pe)
             return output.zero_()
+        if kv_scale is not None:
+            from vllm.platforms import current_platform
+
+            kv_cache = kv_cache.view(current_platform.fp8_dtype())
         s, m = self.spec, metadata
         n, nope = m.num_actual_tokens, s.qk_nope_head_dim
         d = m.num_decode_tokens
@@ -173,20 +187,22 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
         if m.num_decodes:
             q_latent = rope_and_cache(
                 s, positions[:d], absorb_q(s, q[:d, :, :nope]), q[:d, :, nope:], kv_c[:d], k_pe[:d],
-                kv_cache, slots[:d],
+                kv_cache, slots[:d], kv_scale,
             )
             mla_decode(
                 s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
-                m.block_table[: m.num_decodes], m.max_seq_len, out=output[:d],
+                m.block_table[: m.num_decodes], m.max_seq_len, out=output[:d], kv_scale=kv_scale,
             )
         if m.num_prefills:
             q_full = rope_and_cache(
                 s, positions[d:n], q[d:n, :, :nope], q[d:n, :, nope:], kv_c[d:n], k_pe[d:n], kv_cache,
-                slots[d:n],
+                slots[d:n], kv_scale,
             )
             block_size = kv_cache.shape[1]
             blocks = m.block_table[m.context_requests, m.context_positions // block_size]
             latent = kv_cache[blocks, m.context_positions % block_size]
+            if kv_scale is not None:
+                latent = (latent.float() * kv_scale).to(q.dtype)
             output[d:n] = mla_prefill(s, q_full, latent, m.prefill_query_start_loc, m.prefill_context_start_loc)
         return output
 
@@ -228,6 +244,8 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
                 "Set ATOM_DISABLE_VLLM_PLUGIN=1 to serve the model with vLLM's own implementation."
             )
         self.impl = ATOMMLAImpl(spec)
+        # vLLM's default scale of an FP8 cache, under the name its attention layers give it.
+        self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
         self.kv_cache = torch.tensor([])
         forward_context = vllm_config.compilation_config.static_forward_context
         if self.layer_name in forward_context:
@@ -251,4 +269,5 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
         metadata, _, kv_cache, _ = get_attention_context(self.layer_name)
         if out is None:
             out = q.new_empty(q.shape[0], self.spec.num_heads * self.spec.v_head_dim)
-        return self.impl.forward(positions, q, kv_c, k_pe, kv_cache, metadata, out)
+        kv_scale = self._k_scale if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES else None
+        return self.impl.forward(positions, q, kv_c, k_pe, kv_cache, metadata, out, kv_scale)
