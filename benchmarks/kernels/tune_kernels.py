@@ -1,10 +1,13 @@
 """Tune ATOM's Triton tile configs on this GPU and write the tables that ``atom_kernels.tuned`` reads.
 
-    python benchmarks/kernels/tune_kernels.py --out-dir DIR [--ops moe,attention] [--jobs 16]
+    python benchmarks/kernels/tune_kernels.py --out-dir DIR [--ops moe,moe_fp8,attention] [--jobs 16]
+    python benchmarks/kernels/tune_kernels.py --dry-run [--ops ...]   # the plan; needs no GPU
 
-* fused MoE (Qwen3-30B-A3B and DeepSeek-V2-Lite shapes): per token count, every row-block size
-  BLOCK_M and, for each of the two GEMMs (gate_up with the activation, down), every tile candidate;
-  the BLOCK_M whose two best GEMMs sum lowest wins.
+* fused MoE, ``moe`` (bf16 experts of Qwen3-30B-A3B and DeepSeek-V2-Lite) and ``moe_fp8`` (block-FP8
+  experts of Qwen3-30B-A3B-FP8 and DeepSeek-V3 at TP 1: fp8 weights with an fp32 scale per 128 x 128
+  block, bf16 activations quantized per token and 128 channels): per token count, every row-block
+  size BLOCK_M and, for each of the two GEMMs (gate_up with the activation, down), every tile
+  candidate; the BLOCK_M whose two best GEMMs sum lowest wins.
 * attention (Qwen3-8B and Qwen3-30B-A3B heads): prefill (varlen, 16 x 1024 tokens) and extend
   (paged: 4 chunked-prefill extends of 512 new tokens over 2048 cached), every
   candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages. Only the prefill picks go into the table;
@@ -12,15 +15,18 @@
 
 Every timing is a CUDA-graph replay (median of a few). Candidates compile first, in ``--jobs``
 processes, into the shared Triton cache. Then the whole ops run with the new tables, next to the
-built-in defaults and vLLM's kernel (fused_experts, FlashAttention 3), and their outputs are compared.
-Writes DIR/fused_moe.json and DIR/attention.json (merged with the entries of other GPUs already
-there) and DIR/tune-report.json. Point ``ATOM_TUNED_CONFIG_DIR`` at DIR to use the tables at once;
-copy them into packages/atom-kernels/src/atom_kernels/tuned/ to ship them.
+built-in defaults and vLLM's kernel (fused_experts, with its block-FP8 W8A8 path for ``moe_fp8``;
+FlashAttention 3), and their outputs are compared (MoE: also with ATOM's torch reference).
+Writes DIR/fused_moe.json and DIR/attention.json and DIR/tune-report.json. A table keeps the shapes
+and GPUs it had (a new one starts from the packaged table), so a run of some ops drops no entry of
+the others. Point ``ATOM_TUNED_CONFIG_DIR`` at DIR to use the tables at once; copy them into
+packages/atom-kernels/src/atom_kernels/tuned/ to ship them.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import multiprocessing
@@ -33,6 +39,7 @@ from pathlib import Path
 import torch
 
 BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
 SMEM_BYTES = 220 * 1024
 
 MOE_MODELS = {  # experts, top_k, hidden, intermediate (as in bench_kernels.MODELS)
@@ -40,6 +47,22 @@ MOE_MODELS = {  # experts, top_k, hidden, intermediate (as in bench_kernels.MODE
     "deepseek-v2-lite": (64, 6, 2048, 1408),
 }
 MOE_TOKENS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+FP8_BLOCK = 128  # the scale block of both weights, and the activations' channel group
+MOE_FP8_MODELS = {  # block-FP8 checkpoints, same columns
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "deepseek-v3": (256, 8, 7168, 2048),  # TP 1: 10.5 GiB of fp8 experts on the GPU
+}
+# Fewer sizes than bf16, up to 4096 tokens. Estimate (not measured yet) for an H200, --jobs 16:
+# 492 candidates compile in ~40 s (the bf16 run: 608 in 38 s); ~2,400 timings at ~25 ms each (bf16:
+# 3,800 in ~95 s), up to 8 x the kernel's time for DeepSeek-V3's long GEMMs (ms each from 1024
+# tokens): ~1.5 min; the comparisons ~1 min (vLLM compiles its FP8 kernels on first use). About
+# 3.5 min for moe_fp8, and about 5.5 min with the bf16 run's 130 s: inside 8 minutes.
+MOE_FP8_TOKENS = [1, 16, 64, 256, 512, 1024, 2048, 4096]
+MOE_OPS = {  # op: models, token counts, weight dtype
+    "moe": (MOE_MODELS, MOE_TOKENS, BF16),
+    "moe_fp8": (MOE_FP8_MODELS, MOE_FP8_TOKENS, FP8),
+}
+OPS = [*MOE_OPS, "attention"]
 ATTENTION_MODELS = {
     "qwen3-8b": (32, 8, 128),
     "qwen3-30b-a3b": (32, 4, 128),
@@ -58,13 +81,17 @@ def moe_block_ms(num_tokens: int, experts: int, top_k: int) -> list[int]:
     return [m for m in (16, 32, 64, 128) if m == 16 or m <= 2 * rows_per_expert]
 
 
-def moe_tiles(block_m: int, gated: bool) -> list[dict]:
+def moe_tiles(block_m: int, gated: bool, weight_dtype: torch.dtype) -> list[dict]:
+    fp8 = weight_dtype == FP8
+    # Block FP8: a K step must lie inside one scale block (launch_moe_gemm clamps BLOCK_K to a divisor
+    # of it, so 256 would time 128 again); 1-byte operands leave room for deeper pipelines. BLOCK_N is
+    # free: the kernel loads the weight scales of each output column.
+    k_steps = [k for k in (64, 128, 256) if not fp8 or FP8_BLOCK % k == 0]
+    stages_options = (3, 4, 5) if fp8 else (2, 3, 4)
     tiles = []
-    for n, k, warps, stages in itertools.product(
-        (64, 128, 256), (64, 128, 256), (4, 8), (2, 3, 4)
-    ):
+    for n, k, warps, stages in itertools.product((64, 128, 256), k_steps, (4, 8), stages_options):
         operands = 2 if gated else 1
-        if stages * (block_m * k + operands * k * n) * 2 > SMEM_BYTES:
+        if stages * (block_m * k + operands * k * n) * weight_dtype.itemsize > SMEM_BYTES:
             continue
         if (
             block_m * n * operands > 4096 * warps
@@ -80,6 +107,19 @@ def moe_tiles(block_m: int, gated: bool) -> list[dict]:
             }
         )
     return tiles
+
+
+def moe_candidates(
+    num_tokens: int, experts: int, top_k: int, weight_dtype: torch.dtype
+) -> dict[int, dict[str, list[dict]]]:
+    """{BLOCK_M: {"gate_up": tiles, "down": tiles}}: what is timed for one shape at ``num_tokens``."""
+    return {
+        block_m: {
+            "gate_up": moe_tiles(block_m, True, weight_dtype),
+            "down": moe_tiles(block_m, False, weight_dtype),
+        }
+        for block_m in moe_block_ms(num_tokens, experts, top_k)
+    }
 
 
 def attention_candidates(group: int) -> list[dict]:
@@ -108,15 +148,38 @@ def rand(*shape, scale=1.0, dtype=BF16):
     return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 
 
+@functools.cache
+def moe_weights(
+    experts: int, hidden: int, inter: int, weight_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """w13 [E, 2I, D], w2 [E, D, I] and their block scales (None for bf16), made once a model."""
+    if weight_dtype != FP8:
+        return (
+            rand(experts, 2 * inter, hidden, scale=hidden**-0.5),
+            rand(experts, hidden, inter, scale=inter**-0.5),
+            None,
+            None,
+        )
+    return (*fp8_blocks(experts, 2 * inter, hidden), *fp8_blocks(experts, hidden, inter))
+
+
+def fp8_blocks(experts: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-FP8 weights [E, rows, cols]: unit-size fp8 values (drawn in bf16: in fp32, DeepSeek-V3's
+    w13 would pass through 28 GiB), and per FP8_BLOCK x FP8_BLOCK block a scale of about 1 / sqrt(cols)."""
+    w = torch.randn(experts, rows, cols, device="cuda", dtype=BF16).to(FP8)
+    blocks = (experts, -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+    return w, (0.5 + torch.rand(blocks, device="cuda")) * cols**-0.5
+
+
 class MoeShape:
-    def __init__(self, model: str, num_tokens: int):
-        self.experts, self.top_k, self.hidden, self.inter = MOE_MODELS[model]
+    """One MoE layer at ``num_tokens`` tokens: the whole op's inputs, and each GEMM's."""
+
+    def __init__(self, dims: tuple[int, int, int, int], num_tokens: int, weight_dtype: torch.dtype):
+        self.experts, self.top_k, self.hidden, self.inter = dims
         self.num_tokens = num_tokens
         e, d, i = self.experts, self.hidden, self.inter
-        self.w13, self.w2 = (
-            rand(e, 2 * i, d, scale=d**-0.5),
-            rand(e, d, i, scale=i**-0.5),
-        )
+        self.w13, self.w2, self.w13_scale, self.w2_scale = moe_weights(e, d, i, weight_dtype)
+        self.block_size = FP8_BLOCK if weight_dtype == FP8 else 0
         self.x = rand(num_tokens, d)
         logits = torch.randn(num_tokens, e, device="cuda")
         self.weights, self.ids = torch.topk(logits.softmax(-1), self.top_k)
@@ -126,6 +189,18 @@ class MoeShape:
         self.hidden_states = torch.empty(entries, i, device="cuda", dtype=BF16)
         self.out = torch.empty(entries, d, device="cuda", dtype=BF16)
         self.aligned: dict[int, tuple] = {}
+        if self.block_size:
+            from atom_kernels.moe import quantize_activations
+
+            # (fp8 input, scales) of each GEMM, as run_fused_moe quantizes them.
+            self.gate_up_input = quantize_activations(self.x, FP8_BLOCK, "triton")
+            self.down_input = quantize_activations(rand(entries, i), FP8_BLOCK, "triton")
+        else:
+            self.gate_up_input, self.down_input = (self.x, None), (self.hidden_states, None)
+
+    def quant_args(self) -> dict:
+        """fused_moe's FP8 arguments (no scales and block 0 for bf16 weights)."""
+        return {"w13_scale": self.w13_scale, "w2_scale": self.w2_scale, "block_size": self.block_size}
 
     def gemm(self, block_m: int, gated: bool, tiles: dict):
         from atom_kernels import moe, moe_align
@@ -137,20 +212,14 @@ class MoeShape:
         sorted_ids, block_expert = self.aligned[block_m]
         entries = self.num_tokens * self.top_k
         if gated:
-            args = (self.x, self.w13, None, self.hidden_states, None)
-            return lambda: moe.launch_moe_gemm(
-                *args,
-                sorted_ids,
-                block_expert,
-                entries,
-                self.top_k,
-                block_m,
-                tiles,
-                gated=True,
-            )
-        args = (self.hidden_states, self.w2, None, self.out, self.weights_flat)
+            (a, a_scale), w, w_scale = self.gate_up_input, self.w13, self.w13_scale
+            out, weights, a_row_divisor = self.hidden_states, None, self.top_k
+        else:
+            (a, a_scale), w, w_scale = self.down_input, self.w2, self.w2_scale
+            out, weights, a_row_divisor = self.out, self.weights_flat, 1
         return lambda: moe.launch_moe_gemm(
-            *args, sorted_ids, block_expert, entries, 1, block_m, tiles
+            a, w, None, out, weights, sorted_ids, block_expert, entries, a_row_divisor, block_m,
+            tiles, gated=gated, a_scale=a_scale, w_scale=w_scale, block_size=self.block_size,
         )
 
 
@@ -271,13 +340,16 @@ def try_us(fn) -> float | None:
 
 def compile_jobs(ops: list[str]) -> list[tuple]:
     jobs = []
-    if "moe" in ops:
-        for model in MOE_MODELS:
+    for op in ops:
+        if op not in MOE_OPS:
+            continue
+        models, _, weight_dtype = MOE_OPS[op]
+        for dims in models.values():
             for block_m in (16, 32, 64, 128):
                 for gated in (True, False):
                     jobs += [
-                        ("moe", model, block_m, gated, t)
-                        for t in moe_tiles(block_m, gated)
+                        ("moe", dims, weight_dtype, block_m, gated, t)
+                        for t in moe_tiles(block_m, gated, weight_dtype)
                     ]
     if "attention" in ops:
         for model, (h, kv, _) in ATTENTION_MODELS.items():
@@ -292,13 +364,15 @@ _worker_inputs: dict = {}
 
 
 def compile_one(job: tuple) -> None:
-    """Run one candidate once at a small size (sizes are not specialized) to fill the cache."""
+    """Run one candidate once at a small size to fill the cache. Sizes are not specialized, nor is
+    the expert count: a MoE runs with top_k experts (16 workers with DeepSeek-V3's would not fit)."""
     try:
         if job[0] == "moe":
-            _, model, block_m, gated, tiles = job
-            if model not in _worker_inputs:
-                _worker_inputs[model] = MoeShape(model, 4)
-            _worker_inputs[model].gemm(block_m, gated, tiles)()
+            _, (_, top_k, hidden, inter), weight_dtype, block_m, gated, tiles = job
+            key = (top_k, hidden, inter, weight_dtype)
+            if key not in _worker_inputs:
+                _worker_inputs[key] = MoeShape((top_k, top_k, hidden, inter), 4, weight_dtype)
+            _worker_inputs[key].gemm(block_m, gated, tiles)()
         else:
             _, model, kind, config = job
             key = (model, kind)
@@ -323,22 +397,24 @@ def precompile(ops: list[str], jobs: int) -> None:
 # --- tuning ---------------------------------------------------------------------------------------
 
 
-def tune_moe(report: dict) -> dict:
+def tune_moe(report: dict, op: str) -> dict:
     from atom_kernels.moe import moe_shape_key
 
+    models, token_counts, weight_dtype = MOE_OPS[op]
     table = {}
-    for model, (experts, top_k, hidden, inter) in MOE_MODELS.items():
-        key = moe_shape_key(experts, hidden, inter, top_k, BF16)
+    for model, dims in models.items():
+        experts, top_k, hidden, inter = dims
+        key = moe_shape_key(experts, hidden, inter, top_k, weight_dtype)
         table[key] = {}
-        for num_tokens in MOE_TOKENS:
-            shape = MoeShape(model, num_tokens)
+        for num_tokens in token_counts:
+            shape = MoeShape(dims, num_tokens, weight_dtype)
             best = None
-            for block_m in moe_block_ms(num_tokens, experts, top_k):
+            for block_m, gemm_tiles in moe_candidates(num_tokens, experts, top_k, weight_dtype).items():
                 picks = {}
                 for name, gated in (("gate_up", True), ("down", False)):
                     timed = [
                         (us, t)
-                        for t in moe_tiles(block_m, gated)
+                        for t in gemm_tiles[name]
                         if (us := try_us(shape.gemm(block_m, gated, t))) is not None
                     ]
                     picks[name] = min(timed, key=lambda p: p[0])
@@ -352,10 +428,11 @@ def tune_moe(report: dict) -> dict:
                 "down": picks["down"][1],
             }
             print(
-                f"moe {model} tokens={num_tokens}: BLOCK_M={block_m} gemms {total:.1f} us"
+                f"{op} {model} tokens={num_tokens}: BLOCK_M={block_m} gemms {total:.1f} us"
             )
             report["moe_gemms"].append(
                 {
+                    "op": op,
                     "model": model,
                     "tokens": num_tokens,
                     "gemms_us": total,
@@ -389,25 +466,56 @@ def tune_attention(report: dict) -> dict:
     return table
 
 
-def comparison_row(times: dict, theirs_us: float, theirs: str, max_rel_diff: float, **shape) -> dict:
-    """One report row: built-in and tuned tiles against the reference kernel ``theirs``."""
+def comparison_row(
+    times: dict, theirs_us: float | None, theirs: str, max_rel_diff: float | None, **fields
+) -> dict:
+    """One report row: built-in and tuned tiles against the reference kernel ``theirs`` (its time,
+    ratios and difference None where it did not run)."""
     return {
-        **shape,
+        **fields,
         "default_us": times["default"],
         "tuned_us": times["tuned"],
         f"{theirs}_us": theirs_us,
-        "ratio_default": times["default"] / theirs_us,
-        "ratio_tuned": times["tuned"] / theirs_us,
+        "ratio_default": None if theirs_us is None else times["default"] / theirs_us,
+        "ratio_tuned": None if theirs_us is None else times["tuned"] / theirs_us,
         f"max_rel_diff_vs_{theirs}": max_rel_diff,
     }
 
 
 def print_row(label: str, row: dict, theirs: str) -> None:
-    print(
-        f"{label}: default {row['default_us']:8.1f} tuned {row['tuned_us']:8.1f} {theirs} "
-        f"{row[theirs + '_us']:8.1f} us  ratio {row['ratio_default']:.2f} -> {row['ratio_tuned']:.2f}"
-        f"  diff {row['max_rel_diff_vs_' + theirs]:.1e}"
-    )
+    line = f"{label}: default {row['default_us']:8.1f} tuned {row['tuned_us']:8.1f} "
+    if row[f"{theirs}_us"] is None:
+        line += f"{theirs} unavailable ({row[f'{theirs}_unavailable']})"
+    else:
+        line += (
+            f"{theirs} {row[theirs + '_us']:8.1f} us  ratio {row['ratio_default']:.2f} -> "
+            f"{row['ratio_tuned']:.2f}  diff {row['max_rel_diff_vs_' + theirs]:.1e}"
+        )
+    if "max_rel_diff_vs_reference" in row:
+        line += f"  reference diff {row['max_rel_diff_vs_reference']:.1e}"
+    print(line)
+
+
+def vllm_fused_experts(s: MoeShape) -> tuple[float | None, torch.Tensor | None, str | None]:
+    """vLLM's Triton fused MoE on ``s`` (its block-FP8 W8A8 path for FP8 weights, as vLLM 0.26.0 takes
+    it: a quant_config): (us, output, None), or (None, None, why) where it does not run."""
+    try:
+        from vllm.model_executor.layers.fused_moe import fused_experts
+        from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
+
+        quant_config = None
+        if s.block_size:
+            quant_config = fp8_w8a8_moe_quant_config(
+                w1_scale=s.w13_scale, w2_scale=s.w2_scale, block_shape=[s.block_size] * 2
+            )
+
+        def run() -> torch.Tensor:
+            return fused_experts(s.x, s.w13, s.w2, s.weights, s.ids, quant_config=quant_config)
+
+        out = run()  # a failure here leaves no CUDA graph capture open
+        return graph_us(run), out, None
+    except Exception as error:  # noqa: BLE001  (the report says why, and the other rows go on)
+        return None, None, f"{type(error).__name__}: {str(error)[:200]}"
 
 
 def compare_ops(report: dict, ops: list[str]) -> None:
@@ -435,20 +543,27 @@ def compare_ops(report: dict, ops: list[str]) -> None:
             (a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)
         ).item()
 
-    if "moe" in ops:
-        from vllm.model_executor.layers.fused_moe import fused_experts
-
-        for model in MOE_MODELS:
-            for num_tokens in MOE_TOKENS:
-                s = MoeShape(model, num_tokens)
-                args = (s.x, s.w13, s.w2, s.weights, s.ids)
-                times = both(lambda a=args: ak.fused_moe(*a))
-                theirs = graph_us(lambda a=args: fused_experts(*a))
-                ref = fused_experts(*args)
-                row = comparison_row(times, theirs, "vllm", rel(times["tuned_out"], ref),
-                                     model=model, tokens=num_tokens)
+    for op in ops:
+        if op not in MOE_OPS:
+            continue
+        models, token_counts, weight_dtype = MOE_OPS[op]
+        for model, dims in models.items():
+            for num_tokens in token_counts:
+                s = MoeShape(dims, num_tokens, weight_dtype)
+                args, quant = (s.x, s.w13, s.w2, s.weights, s.ids), s.quant_args()
+                times = both(lambda a=args, q=quant: ak.fused_moe(*a, **q))
+                reference = ak.fused_moe.impl("torch")(*args, **quant)
+                theirs, theirs_out, unavailable = vllm_fused_experts(s)
+                row = comparison_row(
+                    times, theirs, "vllm",
+                    None if theirs_out is None else rel(times["tuned_out"], theirs_out),
+                    op=op, model=model, tokens=num_tokens,
+                    max_rel_diff_vs_reference=rel(times["tuned_out"], reference),
+                )
+                if unavailable:
+                    row["vllm_unavailable"] = unavailable
                 report["fused_moe"].append(row)
-                print_row(f"fused_moe {model} {num_tokens:6d}", row, "vllm")
+                print_row(f"{op} {model} {num_tokens:6d}", row, "vllm")
     if "attention" in ops:
         for model in ATTENTION_MODELS:
             for kind in ("prefill", "extend"):
@@ -463,20 +578,58 @@ def compare_ops(report: dict, ops: list[str]) -> None:
 
 
 def write_table(path: Path, device: str, entries: dict) -> None:
-    table = json.loads(path.read_text()) if path.exists() else {}
+    """Add ``entries`` (shape key: sizes) to ``path``'s table for ``device``, keeping its other shapes
+    and GPUs. A new file starts from the packaged table: copied into the package, it drops nothing."""
+    from atom_kernels import tuned
+
+    source = path if path.exists() else tuned.PACKAGED_DIR / path.name
+    table = json.loads(source.read_text()) if source.exists() else {}
     table.setdefault(device, {}).update(entries)
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
+def print_plan(ops: list[str]) -> None:
+    """What a run of ``ops`` times and compiles (for --dry-run: no GPU needed)."""
+    from atom_kernels.moe import moe_shape_key
+
+    for op in ops:
+        if op not in MOE_OPS:
+            continue
+        models, token_counts, weight_dtype = MOE_OPS[op]
+        for model, (experts, top_k, hidden, inter) in models.items():
+            timings = {}
+            for n in token_counts:
+                candidates = moe_candidates(n, experts, top_k, weight_dtype)
+                timings[n] = sum(len(t) for gemms in candidates.values() for t in gemms.values())
+            print(
+                f"{op} {model} [{moe_shape_key(experts, hidden, inter, top_k, weight_dtype)}]: "
+                f"{sum(timings.values())} timings; by token count {timings}"
+            )
+    if "attention" in ops:
+        for model, (heads, kv, _) in ATTENTION_MODELS.items():
+            print(f"attention {model}: {2 * len(attention_candidates(heads // kv))} timings")
+    print(f"{len(compile_jobs(ops))} candidates to compile")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--ops", default="moe,attention")
+    parser.add_argument("--out-dir", type=Path)
+    parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would be timed and compiled, and exit"
+    )
     args = parser.parse_args()
+    ops = args.ops.split(",")
+    if unknown := set(ops) - set(OPS):
+        parser.error(f"unknown ops {sorted(unknown)}; known: {','.join(OPS)}")
+    if args.dry_run:
+        print_plan(ops)
+        return
+    if args.out_dir is None:
+        parser.error("--out-dir is required (except with --dry-run)")
     if not torch.cuda.is_available():
         sys.exit("tune_kernels needs a CUDA GPU")
-    ops = args.ops.split(",")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name()
     report = {
@@ -489,8 +642,9 @@ def main() -> None:
     began = time.time()
     precompile(ops, args.jobs)
     torch.manual_seed(0)
-    if "moe" in ops:
-        write_table(args.out_dir / "fused_moe.json", device, tune_moe(report))
+    for op in ops:
+        if op in MOE_OPS:
+            write_table(args.out_dir / "fused_moe.json", device, tune_moe(report, op))
     if "attention" in ops:
         write_table(args.out_dir / "attention.json", device, tune_attention(report))
     report["tuning_s"] = time.time() - began

@@ -3,8 +3,9 @@
 import json
 
 import torch
+from kernel_testing import DEVICE, rand
 
-from atom_kernels import tuned
+from atom_kernels import moe, tuned
 from atom_kernels.attention import attention_shape_key
 from atom_kernels.moe import moe_shape_key
 
@@ -52,3 +53,47 @@ def test_packaged_attention_tables_are_complete_for_the_benchmark_shapes():
         # Extend keeps the built-in tiles: the tuned ones slow down extends with short queries
         # (see tuned/README.md).
         assert attention_shape_key(True, 128, 0, group, torch.bfloat16) not in table
+
+
+FP8 = torch.float8_e4m3fn
+# The key benchmarks/kernels/tune_kernels.py writes Qwen3-30B-A3B-FP8's experts under.
+QWEN3_30B_FP8_KEY = "E=128,D=2048,I=768,top_k=8,dtype=float8_e4m3fn"
+
+
+def test_fp8_moe_entries_sit_beside_the_packaged_bf16_ones(tmp_path, monkeypatch):
+    """A tuning run's FP8 entries (in ATOM_TUNED_CONFIG_DIR) are found under their own key, and the
+    packaged bf16 entries of the same GPU and shape stay found."""
+    assert moe_shape_key(128, 2048, 768, 8, FP8) == QWEN3_30B_FP8_KEY
+    tiles = {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+    config = {"BLOCK_M": 16, "gate_up": tiles, "down": tiles}
+    table = {"NVIDIA H200": {QWEN3_30B_FP8_KEY: {"16": config}}}
+    (tmp_path / "fused_moe.json").write_text(json.dumps(table))
+    monkeypatch.setenv("ATOM_TUNED_CONFIG_DIR", str(tmp_path))
+    tuned.clear_cache()
+    try:
+        assert tuned.lookup("fused_moe", "NVIDIA H200", QWEN3_30B_FP8_KEY, 1) == config
+        bf16_key = moe_shape_key(128, 2048, 768, 8, torch.bfloat16)
+        bf16_entry = packaged("fused_moe")["NVIDIA H200"][bf16_key]["1"]
+        assert tuned.lookup("fused_moe", "NVIDIA H200", bf16_key, 1) == bf16_entry
+    finally:
+        monkeypatch.delenv("ATOM_TUNED_CONFIG_DIR")
+        tuned.clear_cache()
+
+
+def test_fused_moe_looks_fp8_experts_up_under_the_fp8_key(monkeypatch):
+    """The Triton fused MoE asks the tables for block-FP8 experts under moe_shape_key with the
+    weights' dtype, the key the tuner writes them under."""
+    asked = []
+    monkeypatch.setattr(moe, "tuned_config", lambda op, key, size, device: asked.append(key))
+    experts, hidden, inter, top_k, block = 4, 64, 32, 2, 32
+    w13 = rand(experts, 2 * inter, hidden).to(FP8)
+    w2 = rand(experts, hidden, inter).to(FP8)
+    scales = {
+        "w13_scale": torch.full((experts, 2 * inter // block, hidden // block), 0.1, device=DEVICE),
+        "w2_scale": torch.full((experts, hidden // block, inter // block), 0.1, device=DEVICE),
+    }
+    weights, ids = torch.topk(rand(3, experts).softmax(-1), top_k)
+    x = rand(3, hidden, dtype=torch.bfloat16)
+    moe.fused_moe_triton(x, w13, w2, weights, ids.to(torch.int32), **scales, block_size=block)
+    assert asked == [moe_shape_key(experts, hidden, inter, top_k, FP8)]
+    assert asked[0].endswith(",dtype=float8_e4m3fn")
