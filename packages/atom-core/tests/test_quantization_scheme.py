@@ -71,11 +71,13 @@ GPT_OSS_MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
     "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
 
 
-@pytest.mark.parametrize("quantization", [GPT_OSS_MXFP4, {"quant_method": "mxfp4"}],
-                         ids=["published", "keys-omitted"])
+@pytest.mark.parametrize("quantization", [
+    GPT_OSS_MXFP4, {"quant_method": "mxfp4"}, {**GPT_OSS_MXFP4, "quant_method": "gpt_oss_mxfp4"},
+], ids=["published", "keys-omitted", "as-vllm-renames-it"])
 def test_mxfp4_quantizes_the_experts_only(quantization):
     config = parse(quantization)
-    assert (config.method, config.scheme, config.experts_only) == ("mxfp4", Mxfp4Scheme(32), True)
+    assert (config.scheme, config.experts_only) == (Mxfp4Scheme(32), True)
+    assert config.method == quantization["quant_method"]
     assert config.scheme_for("model.layers.3.mlp.experts", experts=True) == Mxfp4Scheme()
     for layer in ("model.layers.3.self_attn.qkv_proj", "model.layers.3.mlp.router", "lm_head"):
         assert config.scheme_for(layer) is None
@@ -130,13 +132,14 @@ def test_decision(quantization, requested, reasons):
     assert decide_takeover(hosted(quantization, requested)).reasons == reasons
 
 
+@pytest.mark.parametrize("method", ["mxfp4", "gpt_oss_mxfp4"])
 @pytest.mark.parametrize("architecture,reasons", [
     ("GptOssForCausalLM", ()),
     ("MixtralForCausalLM", ("quantization 'mxfp4' is served for GPT-OSS only, not MixtralForCausalLM",)),
 ])
-def test_mxfp4_is_served_for_gpt_oss_only(architecture, reasons):
-    model = dataclasses.replace(hosted(GPT_OSS_MXFP4, "mxfp4"), architecture=architecture)
-    assert decide_takeover(model).reasons == reasons
+def test_mxfp4_is_served_for_gpt_oss_only(method, architecture, reasons):
+    model = hosted({**GPT_OSS_MXFP4, "quant_method": method}, method)
+    assert decide_takeover(dataclasses.replace(model, architecture=architecture)).reasons == reasons
 
 
 def test_static_activation_scales_on_experts_are_handed_back():

@@ -180,11 +180,19 @@ def _compressed_tensors(config: Mapping[str, Any]) -> QuantConfig:
 
 def _mxfp4(config: Mapping[str, Any]) -> QuantConfig:
     # HF's Mxfp4Config has no other keys: the block (32) and the value and scale formats are fixed.
-    return QuantConfig("mxfp4", Mxfp4Scheme(), _ignored(config, "modules_to_not_convert"),
-                       experts_only=True)
+    return QuantConfig(config["quant_method"], Mxfp4Scheme(),
+                       _ignored(config, "modules_to_not_convert"), experts_only=True)
 
 
-_PARSERS = {"fp8": _fp8, "compressed-tensors": _compressed_tensors, "mxfp4": _mxfp4}
+_PARSERS = {
+    "fp8": _fp8,
+    "compressed-tensors": _compressed_tensors,
+    "mxfp4": _mxfp4,
+    # vLLM 0.26 renames gpt-oss's "mxfp4" in the hf_config it builds models from, and in its resolved
+    # quantization (GptOssForCausalLMConfig.verify_and_update_model_config). Delete when vLLM keeps
+    # the checkpoint's name.
+    "gpt_oss_mxfp4": _mxfp4,
+}
 
 
 def quant_config_from_hf(hf_config: Any) -> QuantConfig | None:
