@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from atom_core.hosting.takeover import HostedModel, decide_takeover
-from atom_core.quantization import Fp8Scheme, UnsupportedQuantization, quant_config_from_hf
+from atom_core.quantization import Fp8Scheme, Mxfp4Scheme, UnsupportedQuantization, quant_config_from_hf
 
 FP8 = {"quant_method": "fp8", "fmt": "e4m3"}
 FLOAT8 = {"num_bits": 8, "type": "float", "symmetric": True}
@@ -47,7 +47,6 @@ def test_served_schemes(quantization, scheme):
 
 @pytest.mark.parametrize("quantization,reason", [
     ({"quant_method": "awq"}, "quantization 'awq' is not supported"),
-    ({"quant_method": "mxfp4"}, "quantization 'mxfp4' is not supported"),
     ({**FP8, "fmt": "e5m2"}, "fp8 format 'e5m2' is not supported"),
     ({**FP8, "weight_block_size": [128, 64]}, "weight_block_size [128, 64] is not supported"),
     ({**FP8, "activation_scheme": "static", "weight_block_size": [128, 128]},
@@ -65,6 +64,33 @@ def test_served_schemes(quantization, scheme):
 def test_unsupported_schemes_name_the_reason(quantization, reason):
     with pytest.raises(UnsupportedQuantization, match=reason.replace("[", r"\[").replace("]", r"\]")):
         parse(quantization)
+
+
+# gpt-oss-20b / 120b's quantization_config as published.
+GPT_OSS_MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
+
+@pytest.mark.parametrize("quantization", [
+    GPT_OSS_MXFP4, {"quant_method": "mxfp4"}, {**GPT_OSS_MXFP4, "quant_method": "gpt_oss_mxfp4"},
+], ids=["published", "keys-omitted", "as-vllm-renames-it"])
+def test_mxfp4_quantizes_the_experts_only(quantization):
+    config = parse(quantization)
+    assert (config.scheme, config.experts_only) == (Mxfp4Scheme(32), True)
+    assert config.method == quantization["quant_method"]
+    assert config.scheme_for("model.layers.3.mlp.experts", experts=True) == Mxfp4Scheme()
+    for layer in ("model.layers.3.self_attn.qkv_proj", "model.layers.3.mlp.router", "lm_head"):
+        assert config.scheme_for(layer) is None
+
+
+def test_mxfp4_modules_to_not_convert_match_as_hf_reads_them():
+    """HF transformers reads each entry as a pattern from the start of the name up to a module
+    boundary (``layers.1`` is not ``layers.11``), or as a suffix."""
+    config = parse({**GPT_OSS_MXFP4, "modules_to_not_convert": ["model.layers.1.mlp.experts",
+                                                                "model.layers.2.*.experts"]})
+    assert config.scheme_for("model.layers.1.mlp.experts", experts=True) is None
+    assert config.scheme_for("model.layers.2.mlp.experts", experts=True) is None
+    assert config.scheme_for("model.layers.11.mlp.experts", experts=True) == Mxfp4Scheme()
 
 
 def test_unquantized_modules_match_whole_dotted_names_and_patterns():
@@ -100,9 +126,20 @@ def hosted(quantization: dict | None, requested: str | None, **hf_keys) -> Hoste
     ({**FP8, "weight_block_size": [128, 128]}, "modelopt",
      ("quantization 'modelopt' differs from the checkpoint's 'fp8'",)),
     ({"quant_method": "gptq"}, "gptq", ("quantization 'gptq' is not supported",)),
+    (GPT_OSS_MXFP4, "mxfp4", ("quantization 'mxfp4' is served for GPT-OSS only, not Qwen3ForCausalLM",)),
 ])
 def test_decision(quantization, requested, reasons):
     assert decide_takeover(hosted(quantization, requested)).reasons == reasons
+
+
+@pytest.mark.parametrize("method", ["mxfp4", "gpt_oss_mxfp4"])
+@pytest.mark.parametrize("architecture,reasons", [
+    ("GptOssForCausalLM", ()),
+    ("MixtralForCausalLM", ("quantization 'mxfp4' is served for GPT-OSS only, not MixtralForCausalLM",)),
+])
+def test_mxfp4_is_served_for_gpt_oss_only(method, architecture, reasons):
+    model = hosted({**GPT_OSS_MXFP4, "quant_method": method}, method)
+    assert decide_takeover(dataclasses.replace(model, architecture=architecture)).reasons == reasons
 
 
 def test_static_activation_scales_on_experts_are_handed_back():

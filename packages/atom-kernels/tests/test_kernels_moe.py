@@ -1,7 +1,11 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
+
+import atom_kernels
 
 
 def distinct_logits(num_tokens: int, num_experts: int, dtype: torch.dtype) -> torch.Tensor:
@@ -340,6 +344,115 @@ def test_fused_moe_fp8_errors_name_the_tensor(backend):
     for w13_arg, options, message in wrong:
         with pytest.raises(ValueError, match=message):
             impl("fused_moe", backend)(x, w13_arg, w2, weights, ids, **options)
+
+
+E2M1_MAGNITUDES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 [..., N, K] of MXFP4 ``blocks`` [..., N, K / 2] and e8m0 ``scales`` [..., N, K / 32],
+    written from the format's definition: value 2j in the low nibble of byte j, 2j + 1 in the high
+    one; a nibble is sign and e2m1 magnitude; each 32 values of a row times 2 ** (scale - 127)."""
+    magnitudes = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64, device=blocks.device)
+
+    def value(code: torch.Tensor) -> torch.Tensor:
+        return torch.where(code >= 8, -magnitudes[code & 7], magnitudes[code & 7])
+
+    codes = blocks.long()
+    values = torch.stack([value(codes & 15), value(codes >> 4)], dim=-1).flatten(-2)
+    powers = torch.pow(2.0, scales.double() - 127).repeat_interleave(32, dim=-1)
+    return (values * powers).float()
+
+
+def mxfp4_weight(num_experts: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random MXFP4 [E, rows, cols]: any byte is two valid e2m1 codes; scales around 1 / sqrt(cols)
+    of the typical code magnitude (about 2), one octave either way."""
+    blocks = torch.randint(0, 256, (num_experts, rows, cols // 2), dtype=torch.uint8)
+    center = 127 - round(math.log2(2 * cols**0.5))
+    scales = torch.randint(center - 1, center + 2, (num_experts, rows, cols // 32), dtype=torch.uint8)
+    return blocks.to(DEVICE), scales.to(DEVICE)
+
+
+def test_dequantize_mxfp4_follows_the_format():
+    blocks, scales = mxfp4_weight(3, 5, 64)
+    blocks[0, 0, :8] = torch.tensor([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], dtype=torch.uint8)
+    scales[0, 0, 0] = 127
+    got = atom_kernels.dequantize_mxfp4(blocks, scales, torch.float32)
+    assert got[0, 0, :16].tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    assert torch.equal(got, decode_mxfp4(blocks, scales))
+    assert torch.equal(atom_kernels.dequantize_mxfp4(blocks, scales, torch.bfloat16).float(), got)
+
+
+MXFP4_MOE_CASES = [
+    # num_tokens, hidden, inter, num_experts, top_k, gpt_oss (interleaved, biases, clamped SwiGLU)
+    (1, 64, 32, 4, 1, True),
+    (19, 128, 64, 8, 2, True),  # 19 rows: padding in the sorted blocks
+    (37, 96, 64, 4, 2, False),  # D = 3 scale blocks, not a multiple of BLOCK_K; > 16 rows per expert
+]
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("num_tokens, hidden, inter, num_experts, top_k, gpt_oss", MXFP4_MOE_CASES)
+def test_fused_moe_mxfp4_matches_the_dequantized_weights(
+    backend, dtype, num_tokens, hidden, inter, num_experts, top_k, gpt_oss
+):
+    """MXFP4 experts against the op on the same weights dequantized to x's dtype (exact there):
+    weight-only, so both compute the same products."""
+    x = rand(num_tokens, hidden, dtype=dtype)
+    w13, w13_scale = mxfp4_weight(num_experts, 2 * inter, hidden)
+    w2, w2_scale = mxfp4_weight(num_experts, hidden, inter)
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    options = {}
+    if gpt_oss:
+        options = {"activation": "clamped_swiglu", "interleaved": True, "swiglu_limit": 1.0,
+                   "w13_bias": rand(num_experts, 2 * inter, dtype=dtype),
+                   "w2_bias": rand(num_experts, hidden, dtype=dtype)}
+    out = impl("fused_moe", backend)(x, w13, w2, weights, ids, w13_scale=w13_scale,
+                                     w2_scale=w2_scale, weight_format="mxfp4", **options)
+    assert out.shape == x.shape and out.dtype == dtype
+    w13_deq, w2_deq = decode_mxfp4(w13, w13_scale), decode_mxfp4(w2, w2_scale)
+    want = impl("fused_moe", "torch")(x, w13_deq.to(dtype), w2_deq.to(dtype), weights, ids, **options)
+    assert_close(out, want, dtype, "accumulated")
+    if not gpt_oss:
+        assert_close(out, reference_moe(x, w13_deq, w2_deq, weights, ids), dtype, "accumulated")
+
+
+def test_fused_moe_mxfp4_aiter_adapter_runs_triton():
+    x = rand(3, 64, dtype=torch.bfloat16)
+    (w13, w13_scale), (w2, w2_scale) = mxfp4_weight(4, 64, 64), mxfp4_weight(4, 64, 32)
+    weights, ids = routing(3, 4, 2)
+    args = (x, w13, w2, weights, ids)
+    options = {"w13_scale": w13_scale, "w2_scale": w2_scale, "weight_format": "mxfp4"}
+    out = impl("fused_moe", "aiter")(*args, **options)
+    assert torch.equal(out, impl("fused_moe", "triton")(*args, **options))
+
+
+@backends
+def test_fused_moe_mxfp4_errors_name_the_tensor(backend):
+    x = rand(3, 64, dtype=torch.bfloat16)
+    (w13, w13_scale), (w2, w2_scale) = mxfp4_weight(4, 64, 64), mxfp4_weight(4, 64, 32)
+    weights, ids = routing(3, 4, 2)
+    mxfp4 = {"w13_scale": w13_scale, "w2_scale": w2_scale, "weight_format": "mxfp4"}
+    wrong = [
+        (w13, mxfp4 | {"w2_scale": w2_scale[:, :, :0]},
+         r"w2_scale is torch.uint8 \(4, 64, 0\), expected uint8 \(4, 64, 1\)"),
+        (w13, mxfp4 | {"w13_scale": w13_scale.float()}, "w13_scale is torch.float32"),
+        (w13, mxfp4 | {"w2_scale": None}, "MXFP4 w2 needs w2_scale"),
+        (w13, mxfp4 | {"block_size": 32}, "block_size 32 is FP8's"),
+        (w13, mxfp4 | {"weight_format": "nvfp4"}, "weight_format 'nvfp4'"),
+        (w13, {"w13_scale": w13_scale, "w2_scale": w2_scale}, "uint8 weights are MXFP4 only"),
+        (w13[:, :, :16], mxfp4, r"two values per byte along K"),
+    ]
+    for w13_arg, options, message in wrong:
+        with pytest.raises(ValueError, match=message):
+            impl("fused_moe", backend)(x, w13_arg, w2, weights, ids, **options)
+    x48 = rand(3, 48, dtype=torch.bfloat16)
+    (w13, w13_scale), (w2, w2_scale) = mxfp4_weight(4, 64, 48), mxfp4_weight(4, 48, 32)
+    with pytest.raises(ValueError, match="MXFP4 needs D 48 and I 32 to be multiples of 32"):
+        impl("fused_moe", backend)(x48, w13, w2, weights, ids, w13_scale=w13_scale,
+                                   w2_scale=w2_scale, weight_format="mxfp4")
 
 
 @backends

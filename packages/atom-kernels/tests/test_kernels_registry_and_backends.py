@@ -127,7 +127,7 @@ def test_ops_carry_their_stub_signature_and_docs():
 def test_custom_op_schemas_follow_the_stubs():
     schema = torch.ops.atom.fused_moe.default._schema
     assert [a.name for a in schema.arguments] == list(atom_kernels.fused_moe.__signature__.parameters)
-    assert [a.kwarg_only for a in schema.arguments][5:] == [True] * 9
+    assert [a.kwarg_only for a in schema.arguments][5:] == [True] * 10
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")

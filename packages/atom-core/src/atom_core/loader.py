@@ -118,7 +118,7 @@ def load_weights(
         param = params.get(param_name)
         if param is None:
             raise CheckpointError(f"checkpoint tensor {name!r} does not match any ATOM parameter")
-        _check_fp8(name, tensor, param_name, param)
+        _check_quantized_dtype(name, tensor, param_name, param)
         if not getattr(param, "accepts_fp8", False) or tensor.dtype != torch.float8_e4m3fn:
             tensor = tensor.to(param.dtype)
         try:
@@ -136,15 +136,22 @@ def load_weights(
     return set(params)
 
 
-def _check_fp8(name: str, tensor: torch.Tensor, param_name: str, param: nn.Parameter) -> None:
-    """An FP8 tensor must meet an FP8 parameter (or one that dequantizes it at load), and an FP8
-    parameter an FP8 tensor: casting between them would drop or invent the scales."""
+# Dtypes of quantized codes: FP8 weights, and MXFP4's packed e2m1 values and e8m0 scales (uint8).
+_CODE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+
+
+def _check_quantized_dtype(name: str, tensor: torch.Tensor, param_name: str,
+                           param: nn.Parameter) -> None:
+    """A tensor of quantized codes must meet a parameter of its dtype (or one that dequantizes FP8
+    at load), and such a parameter a tensor of its dtype: casting between them would drop or invent
+    the scales."""
     fp8 = torch.float8_e4m3fn
-    takes_fp8 = param.dtype == fp8 or getattr(param, "accepts_fp8", False)
-    if (tensor.dtype == fp8 and not takes_fp8) or (param.dtype == fp8 and tensor.dtype != fp8):
+    dequantizes = tensor.dtype == fp8 and getattr(param, "accepts_fp8", False)
+    codes = tensor.dtype in _CODE_DTYPES or param.dtype in _CODE_DTYPES
+    if codes and tensor.dtype != param.dtype and not dequantizes:
         raise CheckpointError(
             f"checkpoint tensor {name!r} is {tensor.dtype} but ATOM's {param_name} is {param.dtype}: "
-            "the checkpoint and its quantization_config disagree on which layers are FP8"
+            "the checkpoint and its quantization_config disagree on which layers are quantized"
         )
 
 

@@ -17,6 +17,7 @@ from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
 from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
 from atom_kernels.moe import fused_moe, warm_up_fused_moe
 from atom_kernels.moe_align import moe_align_block_size
+from atom_kernels.mxfp4 import dequantize_mxfp4
 from atom_kernels.norm import fused_add_rms_norm, rms_norm
 from atom_kernels.quant import per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import (
@@ -48,6 +49,7 @@ __all__ = [
     "concat_and_cache_mla",
     "deepseek_yarn_mscale",
     "default_inv_freq",
+    "dequantize_mxfp4",
     "fp8_block_scaled_mm",
     "fp8_scaled_mm",
     "fused_add_rms_norm",

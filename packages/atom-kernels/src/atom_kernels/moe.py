@@ -8,6 +8,10 @@ FP8 experts (W8A8) keep ``w13``/``w2`` in float8_e4m3fn with fp32 scales, per B 
 expert's weight (DeepSeek-V3 and Qwen3-FP8 checkpoints, B = ``block_size``, 128 there) or per output
 row (``block_size`` 0). The activations of both GEMMs are quantized on the fly: per token and per
 group of B channels, or per token (:mod:`atom_kernels.quant`).
+
+MXFP4 experts (``weight_format="mxfp4"``, gpt-oss) keep ``w13``/``w2`` packed, two e2m1 values per
+uint8 along K, with a uint8 e8m0 scale per 32 values (:mod:`atom_kernels.mxfp4`). They are
+weight-only: the GEMMs dequantize the weights as they read them and compute in x's dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from atom_kernels.activation import (
     silu_and_mul_torch,
 )
 from atom_kernels.moe_align import moe_align_block_size_triton
+from atom_kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, e2m1_to_float, e8m0_to_float
 from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, dot_precision, next_pow2
@@ -52,6 +57,7 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
+    weight_format: str = "auto",
 ) -> torch.Tensor:
     """``sum_k topk_weights[:, k] * down_e(act(gate_up_e(x)))`` over each token's experts
     ``e = topk_ids[:, k]``. ``activation``: ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` or
@@ -62,7 +68,13 @@ def fused_moe(
     ``block_size`` B > 0 one per B x B block ([E, ceil(2I / B), ceil(D / B)] and
     [E, ceil(D / B), ceil(I / B)]), with ``block_size`` 0 one per row ([E, 2I] and [E, D], or with a
     trailing 1). The inputs of both GEMMs are quantized to fp8 per token and group of B channels (per
-    token with ``block_size`` 0); biases are added after dequantization; the output has x's dtype."""
+    token with ``block_size`` 0); biases are added after dequantization; the output has x's dtype.
+
+    ``weight_format``: ``"auto"`` (the weights' dtype tells: x's, or float8_e4m3fn with scales) or
+    ``"mxfp4"``: uint8 ``w13`` [E, 2I, D / 2] and ``w2`` [E, D, I / 2], two e2m1 values per byte,
+    with uint8 e8m0 ``w13_scale`` [E, 2I, D / 32] and ``w2_scale`` [E, D, I / 32], one per 32
+    values along K (:mod:`atom_kernels.mxfp4`); D and I multiples of 32, ``block_size`` 0. The
+    activations are not quantized: the weights are dequantized to x's dtype."""
 
 
 ACTIVATIONS = {
@@ -96,20 +108,31 @@ def _check_fused_moe_args(
     w13_scale: torch.Tensor | None,
     w2_scale: torch.Tensor | None,
     block_size: int,
+    weight_format: str,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Check :func:`fused_moe`'s tensors; return the weight scales as [E, rows, K blocks] (per-row
-    scales as [E, rows, 1]), or (None, None) for unquantized weights."""
+    FP8 scales as [E, rows, 1]), or (None, None) for unquantized weights."""
+    if weight_format not in ("auto", "mxfp4"):
+        raise ValueError(f"fused_moe: weight_format {weight_format!r} is not 'auto' or 'mxfp4'")
+    mxfp4 = weight_format == "mxfp4"
+    if not mxfp4 and torch.uint8 in (w13.dtype, w2.dtype):
+        raise ValueError("fused_moe: uint8 weights are MXFP4 only with weight_format='mxfp4'")
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
-    if w13.shape != (num_experts, 2 * inter, hidden) or w2.shape != (num_experts, hidden, inter):
+    packing = 2 if mxfp4 else 1  # values per stored element along K
+    if (w13.shape != (num_experts, 2 * inter, hidden // packing)
+            or w2.shape != (num_experts, hidden, inter // packing)):
         raise ValueError(
             f"fused_moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
+            + (" (MXFP4: two values per byte along K)" if mxfp4 else "")
         )
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != num_tokens:
         raise ValueError(
             f"fused_moe: topk_ids {tuple(topk_ids.shape)}, topk_weights {tuple(topk_weights.shape)}"
         )
+    if mxfp4:
+        return _check_mxfp4_args(w13, w2, w13_scale, w2_scale, block_size, hidden, inter)
     if w13_scale is None and w2_scale is None and FP8_DTYPE not in (w13.dtype, w2.dtype):
         if block_size:
             raise ValueError(f"fused_moe: block_size {block_size} without w13_scale and w2_scale")
@@ -140,6 +163,33 @@ def _check_fused_moe_args(
     return scales[0], scales[1]
 
 
+def _check_mxfp4_args(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    block_size: int,
+    hidden: int,
+    inter: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if block_size:
+        raise ValueError(f"fused_moe: block_size {block_size} is FP8's; MXFP4 blocks are always "
+                         f"{MXFP4_BLOCK} values")
+    if hidden % MXFP4_BLOCK or inter % MXFP4_BLOCK:
+        raise ValueError(f"fused_moe: MXFP4 needs D {hidden} and I {inter} to be multiples of "
+                         f"{MXFP4_BLOCK}")
+    for name, w, scale, k in (("w13", w13, w13_scale, hidden), ("w2", w2, w2_scale, inter)):
+        if w.dtype != torch.uint8:
+            raise ValueError(f"fused_moe: {name} is {w.dtype}; MXFP4 weights are torch.uint8")
+        expected = (*w.shape[:2], k // MXFP4_BLOCK)
+        if scale is None:
+            raise ValueError(f"fused_moe: MXFP4 {name} needs {name}_scale")
+        if tuple(scale.shape) != expected or scale.dtype != torch.uint8:
+            raise ValueError(f"fused_moe: {name}_scale is {scale.dtype} {tuple(scale.shape)}, "
+                             f"expected uint8 {expected} (MXFP4)")
+    return w13_scale, w2_scale
+
+
 def quantize_activations(
     a: torch.Tensor, block_size: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,10 +215,18 @@ def _dequantize(
 
 
 def _expert_linear(
-    a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, expert: int, block_size: int
+    a: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor | None,
+    expert: int,
+    block_size: int,
+    mxfp4: bool,
 ) -> torch.Tensor:
-    """``a @ w[expert].T``; for FP8 weights (a ``scale``) in fp32, as the W8A8 GEMM computes it:
-    ``a`` quantized to fp8 like the Triton path's activations, then both dequantized."""
+    """``a @ w[expert].T``; for MXFP4 weights in a's dtype on the dequantized weight; for FP8
+    weights (a ``scale``) in fp32, as the W8A8 GEMM computes it: ``a`` quantized to fp8 like the
+    Triton path's activations, then both dequantized."""
+    if mxfp4:
+        return a @ dequantize_mxfp4(w[expert], scale[expert], a.dtype).t()
     if scale is None:
         return a @ w[expert].t()
     width = a.shape[1]
@@ -194,10 +252,12 @@ def fused_moe_torch(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
+    weight_format: str = "auto",
 ) -> torch.Tensor:
     w13_scale, w2_scale = _check_fused_moe_args(
-        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, weight_format
     )
+    mxfp4 = weight_format == "mxfp4"
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(topk_ids.shape[1])
@@ -205,13 +265,13 @@ def fused_moe_torch(
     for expert in flat_ids.unique().tolist():
         rows = (flat_ids == expert).nonzero().squeeze(1)
         tokens = token_of[rows]
-        gate_up = _expert_linear(x[tokens], w13, w13_scale, expert, block_size)
+        gate_up = _expert_linear(x[tokens], w13, w13_scale, expert, block_size, mxfp4)
         if w13_bias is not None:
             gate_up = gate_up + w13_bias[expert]
         hidden = _expert_activation(gate_up, activation, swiglu_alpha, swiglu_limit, interleaved)
         # FP8 weights: the intermediate is stored in x's dtype before it is quantized, as in Triton.
         hidden = hidden.to(x.dtype)
-        down = _expert_linear(hidden, w2, w2_scale, expert, block_size)
+        down = _expert_linear(hidden, w2, w2_scale, expert, block_size, mxfp4)
         if w2_bias is not None:
             down = down + w2_bias[expert]
         out.index_add_(0, tokens, down.float() * flat_weights[rows, None].float())
@@ -229,6 +289,28 @@ def fused_moe_torch(
 # 4. _moe_sum_kernel sums the top_k rows of each token.
 # With FP8 weights, x and the hidden rows are quantized to fp8 before their GEMM, and the GEMMs apply
 # the scales of both operands: per K step (block FP8) or in the epilogue (per row / per token).
+# With MXFP4 weights the GEMMs decode each weight tile to the activations' dtype (_mxfp4_step).
+
+
+@triton.jit
+def _mxfp4_step(
+    acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr
+):
+    """``acc`` + the K step at ``k0`` of A @ W^T with MXFP4 W: A's even columns meet the low
+    nibbles, its odd columns the high ones. ``a_rows`` [BLOCK_M, 1] and ``w_cols`` / ``w_scales``
+    [1, BLOCK_N] point at the rows of A, of W's bytes and of W's scales."""
+    pairs = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds values 2j and 2j + 1
+    valid = pairs < K // 2
+    a_even = tl.load(a_rows + 2 * pairs[None, :], mask=valid[None, :], other=0.0)
+    a_odd = tl.load(a_rows + 2 * pairs[None, :] + 1, mask=valid[None, :], other=0.0)
+    packed = tl.load(w_cols + pairs[:, None], mask=valid[:, None], other=0)
+    # 16 bytes (32 values) per scale.
+    scale_codes = tl.load(w_scales + (pairs // 16)[:, None], mask=valid[:, None], other=0)
+    scale = e8m0_to_float(scale_codes)
+    low = (e2m1_to_float(packed & 15) * scale).to(a_even.dtype)
+    high = (e2m1_to_float(packed >> 4) * scale).to(a_even.dtype)
+    acc = tl.dot(a_even, low, acc, input_precision=DOT_PRECISION)
+    return tl.dot(a_odd, high, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit(do_not_specialize=["num_entries"])
@@ -263,6 +345,7 @@ def _moe_gemm_kernel(
     HAS_BIAS: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     W8A8: tl.constexpr,
+    MXFP4: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -313,35 +396,46 @@ def _moe_gemm_kernel(
         w_scale_expert = w_scale_ptr + expert * w_scale_stride_e
         w_scales = w_scale_expert + scale_rows.to(tl.int64) * w_scale_stride_n
         up_scales = w_scale_expert + up_scale_rows.to(tl.int64) * w_scale_stride_n
+    if MXFP4:
+        # Packed W: a row's K values are K / 2 bytes; its scales, one per 32 values, a row of their own.
+        w_scale_expert = w_scale_ptr + expert * w_scale_stride_e
+        w_scales = w_scale_expert + w_rows.to(tl.int64)[None, :] * w_scale_stride_n
+        up_scales = w_scale_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_scale_stride_n
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            a = tl.load(a_rows + ks[None, :])
-            w = tl.load(w_cols + ks[:, None])
+        if MXFP4:
+            acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K, DOT_PRECISION)
+            if GATED:
+                acc_up = _mxfp4_step(acc_up, a_rows, up_cols, up_scales, k0, K, BLOCK_K,
+                                     DOT_PRECISION)
         else:
-            a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
-            w = tl.load(w_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
-        # fp8: a fresh dot per K step, added in fp32 (Hopper's fp8 MMA accumulates with fewer bits
-        # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
-        if SCALE_BLOCK > 0:
-            k_group = k0 // SCALE_BLOCK
-            a_scale = tl.load(a_scales + k_group)[:, None]
-            acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
-        elif W8A8:
-            acc += tl.dot(a, w)
-        else:
-            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        if GATED:
+            ks = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
-                w_up = tl.load(up_cols + ks[:, None])
+                a = tl.load(a_rows + ks[None, :])
+                w = tl.load(w_cols + ks[:, None])
             else:
-                w_up = tl.load(up_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
+                a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+                w = tl.load(w_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
+            # fp8: a fresh dot per K step, added in fp32 (Hopper's fp8 MMA accumulates with fewer bits
+            # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
             if SCALE_BLOCK > 0:
-                acc_up += tl.dot(a, w_up) * (a_scale * tl.load(up_scales + k_group)[None, :])
+                k_group = k0 // SCALE_BLOCK
+                a_scale = tl.load(a_scales + k_group)[:, None]
+                acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
             elif W8A8:
-                acc_up += tl.dot(a, w_up)
+                acc += tl.dot(a, w)
             else:
-                acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
+                acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+            if GATED:
+                if EVEN_K:
+                    w_up = tl.load(up_cols + ks[:, None])
+                else:
+                    w_up = tl.load(up_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
+                if SCALE_BLOCK > 0:
+                    acc_up += tl.dot(a, w_up) * (a_scale * tl.load(up_scales + k_group)[None, :])
+                elif W8A8:
+                    acc_up += tl.dot(a, w_up)
+                else:
+                    acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
 
     if W8A8 and SCALE_BLOCK == 0:
         a_scale = tl.load(a_scales)[:, None]
@@ -415,10 +509,12 @@ def launch_moe_gemm(
     a_scale: torch.Tensor | None = None,
     w_scale: torch.Tensor | None = None,
     block_size: int = 0,
+    mxfp4: bool = False,
 ) -> None:
     """One GEMM of the fused MoE. FP8 ``a`` and ``w`` come with their scales: with ``block_size``,
     ``a_scale`` [a rows, K groups] and ``w_scale`` [E, row blocks, K blocks]; with ``block_size`` 0,
-    ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]."""
+    ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]. MXFP4 ``w`` (``mxfp4``) is
+    packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and ``a`` is not quantized."""
     n, k = out.shape[1], a.shape[1]
     up_offset, step = (1, 2) if interleaved else (n, 1)
     if not gated:
@@ -426,6 +522,9 @@ def launch_moe_gemm(
     if block_size:
         # A K step must lie inside one scale block: BLOCK_K (a power of two) clamped to a divisor.
         tiles = {**tiles, "BLOCK_K": math.gcd(tiles["BLOCK_K"], block_size)}
+    if mxfp4:
+        # Each half of a K step (even and odd columns) is a dot of at least 16.
+        tiles = {**tiles, "BLOCK_K": max(tiles["BLOCK_K"], 32)}
     grid = (block_expert.shape[0] * triton.cdiv(n, tiles["BLOCK_N"]),)
     _moe_gemm_kernel[grid](
         a,
@@ -457,7 +556,8 @@ def launch_moe_gemm(
         ACT=act,
         HAS_BIAS=bias is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
-        W8A8=w_scale is not None,
+        W8A8=w_scale is not None and not mxfp4,
+        MXFP4=mxfp4,
         SCALE_BLOCK=block_size if w_scale is not None else 0,
         DOT_PRECISION=dot_precision(a.dtype),
         EVEN_K=k % tiles["BLOCK_K"] == 0,
@@ -483,20 +583,21 @@ def fused_moe_triton(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
+    weight_format: str = "auto",
 ) -> torch.Tensor:
     if activation not in ACTIVATIONS:
         raise ValueError(
             f"fused_moe: unknown activation {activation!r}; known: {sorted(ACTIVATIONS)}"
         )
     w13_scale, w2_scale = _check_fused_moe_args(
-        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, weight_format
     )
     tensors = {"x": x, "w13": w13, "w2": w2, "w13_scale": w13_scale, "w2_scale": w2_scale}
     for name, t in tensors.items():
         if t is not None:
             check_last_dim_contiguous(name, t)
     num_tokens, hidden = x.shape
-    num_experts, inter = w13.shape[0], w2.shape[2]
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return torch.zeros_like(x)
@@ -510,6 +611,7 @@ def fused_moe_triton(
         "w13_scale": w13_scale,
         "w2_scale": w2_scale,
         "block_size": block_size,
+        "weight_format": weight_format,
     }
     key = moe_shape_key(num_experts, hidden, inter, top_k, w13.dtype)
     if key not in _warmed_up_shapes:
@@ -518,7 +620,7 @@ def fused_moe_triton(
         warm_up_fused_moe(w13, w2, top_k, activation=activation, interleaved=interleaved,
                           w13_bias=w13_bias, w2_bias=w2_bias, swiglu_alpha=swiglu_alpha,
                           swiglu_limit=swiglu_limit, w13_scale=w13_scale, w2_scale=w2_scale,
-                          block_size=block_size, x_dtype=x.dtype)
+                          block_size=block_size, weight_format=weight_format, x_dtype=x.dtype)
     config = moe_config(key, num_tokens, num_experts, top_k, x)
     return run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, **gemm_options)
 
@@ -540,22 +642,25 @@ def warm_up_fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
+    weight_format: str = "auto",
     x_dtype: torch.dtype | None = None,
 ) -> None:
     """Compile the Triton fused MoE for every tuned tile config of one layer's shape on this GPU, so
     that no batch size compiles one while serving: one-token runs with fp32 routing weights and int32
     ids (what :mod:`atom_kernels.routing` returns). Arguments as :func:`fused_moe`'s for the layer;
-    ``x_dtype`` is the activations' dtype, by default the weights' (FP8 weights need it). Once per
+    ``x_dtype`` is the activations' dtype, by default the weights' (FP8 and MXFP4 weights need it). Once per
     shape; nothing to do off CUDA, for a shape without a tuned table, or while a CUDA graph is being
     captured (compiling is not capturable: the shape stays pending)."""
     if not w13.is_cuda or torch.cuda.is_current_stream_capturing():
         return
-    num_experts, two_i, hidden = w13.shape
+    # D and I from the dims that are not packed along K (MXFP4 stores K / 2 bytes).
+    num_experts, two_i, hidden = w13.shape[0], w13.shape[1], w2.shape[1]
     key = moe_shape_key(num_experts, hidden, two_i // 2, top_k, w13.dtype)
     if key in _warmed_up_shapes:
         return
-    if x_dtype is None and w13.dtype == FP8_DTYPE:
-        raise ValueError("warm_up_fused_moe: FP8 weights need x_dtype, the activations' dtype")
+    if x_dtype is None and w13.dtype in (FP8_DTYPE, torch.uint8):
+        raise ValueError("warm_up_fused_moe: FP8 and MXFP4 weights need x_dtype, the activations' "
+                         "dtype")
     _warmed_up_shapes.add(key)
     x = torch.zeros((1, hidden), dtype=x_dtype or w13.dtype, device=w13.device)
     topk_ids = (torch.arange(top_k, device=w13.device) % num_experts).to(torch.int32)[None, :]
@@ -564,7 +669,7 @@ def warm_up_fused_moe(
         run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, act=ACTIVATIONS[activation],
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
                       w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
-                      block_size=block_size)
+                      block_size=block_size, weight_format=weight_format)
 
 
 def run_fused_moe(
@@ -584,15 +689,17 @@ def run_fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
+    weight_format: str = "auto",
 ) -> torch.Tensor:
     """The Triton fused MoE with a given tile config (:func:`moe_config`'s form); no checks."""
     num_tokens, hidden = x.shape
-    num_experts, inter = w13.shape[0], w2.shape[2]
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     num_entries = num_tokens * top_k
     block_m = config["BLOCK_M"]
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
-    fp8 = w13_scale is not None
+    mxfp4 = weight_format == "mxfp4"
+    fp8 = w13_scale is not None and not mxfp4
     a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     launch_moe_gemm(
@@ -615,6 +722,7 @@ def run_fused_moe(
         a_scale=a_scale,
         w_scale=w13_scale,
         block_size=block_size,
+        mxfp4=mxfp4,
     )
     a, a_scale = (
         quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
@@ -635,6 +743,7 @@ def run_fused_moe(
         a_scale=a_scale,
         w_scale=w2_scale,
         block_size=block_size,
+        mxfp4=mxfp4,
     )
     out = torch.empty_like(x)
     block_d = min(1024, next_pow2(hidden))

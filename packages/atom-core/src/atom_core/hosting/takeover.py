@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | a scheme atom_core.quantization does not serve; online (``quantization="fp8"`` on bf16) |
+| quantization | a scheme atom_core.quantization does not serve; online (``quantization="fp8"``); MXFP4 but on GPT-OSS |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
@@ -34,7 +34,7 @@ from atom_core import envs
 from atom_core.layers.rotary import SUPPORTED_ROPE_TYPES, hf_rope_parameters
 from atom_core.log import logger
 from atom_core.models import SUPPORTED_ARCHITECTURES
-from atom_core.quantization import UnsupportedQuantization, quant_config_from_hf
+from atom_core.quantization import Mxfp4Scheme, UnsupportedQuantization, quant_config_from_hf
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -92,6 +92,10 @@ def _quantization(model: HostedModel) -> str | None:
     if model.quantization not in (None, checkpoint.method):
         return (f"quantization {model.quantization!r} differs from the checkpoint's "
                 f"{checkpoint.method!r}")
+    if isinstance(checkpoint.scheme, Mxfp4Scheme):
+        if not SUPPORTED_ARCHITECTURES[model.architecture].mxfp4_experts:
+            return f"quantization 'mxfp4' is served for GPT-OSS only, not {model.architecture}"
+        return None
     has_experts = any(getattr(model.hf_config, key, None) for key in _EXPERT_COUNT_KEYS)
     if checkpoint.scheme.static_input and has_experts:
         return "static FP8 activation scales on MoE experts are not supported"

@@ -19,12 +19,19 @@ the same way, under the checkpoint's scale name: per B x B block ``w13_weight_sc
 [E, 2 * I/tp / B, D / B] and ``w2_weight_scale_inv`` [E, D / B, I/tp / B], or per output channel
 ``w13_weight_scale`` [E, 2 * I/tp] and ``w2_weight_scale`` [E, D] (a per-tensor checkpoint scale
 fills its expert's channels). Expert activations are quantized dynamically.
+Under an MXFP4 scheme (gpt-oss as published) the weights stay packed as they ship: ``w13_weight``
+uint8 [E, 2 * I/tp, D / 2] and ``w2_weight`` uint8 [E, D, I/tp / 2], two e2m1 values per byte, with
+e8m0 ``w13_weight_scale`` uint8 [E, 2 * I/tp, D / 32] and ``w2_weight_scale`` [E, D, I/tp / 32]; a
+rank's share of the intermediate dim is whole 32-value blocks. Activations are not quantized.
 A checkpoint provides them in one of two layouts, which fixes the parameters' shard ids:
 
 - per expert, nn.Linear style (``experts.{e}.gate_proj.weight`` [I, D], ...): shard ids
   ``(expert, 0 | 1)`` for gate/up and ``expert`` for down;
 - stacked, transposed (GPT-OSS's ``experts.gate_up_proj`` [E, D, 2I], ``experts.down_proj``
-  [E, I, D], biases [E, 2I] and [E, D]): one tensor per parameter, shard id ``None``.
+  [E, I, D], biases [E, 2I] and [E, D]): one tensor per parameter, shard id ``None``. GPT-OSS's
+  MXFP4 tensors are stacked but not transposed: ``gate_up_proj_blocks`` [E, 2I, D / 32, 16] and
+  ``gate_up_proj_scales`` [E, 2I, D / 32], ``down_proj_blocks`` [E, D, I / 32, 16] and
+  ``down_proj_scales`` [E, D, I / 32].
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import atom_kernels
 from atom_core.distributed import divide, get_tp_group
 from atom_core.layers.linear import copy_checked, default_weight_loader, make_param
 from atom_core.layers.mlp import GatedMLP
-from atom_core.quantization import layer_scheme
+from atom_core.quantization import Mxfp4Scheme, layer_scheme
 from atom_core.quantization.fp8 import FP8_DTYPE
 
 PER_EXPERT = "per_expert"
@@ -148,7 +155,21 @@ class FusedMoE(nn.Module):
         self.swiglu_limit = swiglu_limit
         self.checkpoint_layout = checkpoint_layout
         self.local_intermediate = divide(intermediate_size, self.tp.world_size)
-        self.scheme = layer_scheme(prefix)
+        self.scheme = layer_scheme(prefix, experts=True)
+        self.mxfp4 = isinstance(self.scheme, Mxfp4Scheme)
+        if self.mxfp4:
+            self._make_mxfp4_params(num_experts, hidden_size, per_expert)
+        else:
+            self._make_params(num_experts, hidden_size, per_expert)
+        inter = self.local_intermediate
+        self.w13_bias = self.w2_bias = None
+        if bias:
+            self.w13_bias = make_param((num_experts, 2 * inter), self.weight_loader)
+            self.w2_bias = make_param((num_experts, hidden_size), self.weight_loader)
+
+    def _make_params(self, num_experts: int, hidden_size: int, per_expert: bool) -> None:
+        """Weights in the model dtype, or FP8 with their scales."""
+        prefix = self.prefix
         if self.scheme is not None and (not per_expert or self.scheme.static_input):
             raise ValueError(f"{prefix}: FP8 experts need per-expert checkpoint tensors and dynamic "
                              "activations")
@@ -175,26 +196,49 @@ class FusedMoE(nn.Module):
                 (num_experts, *w13_scale), self.weight_loader, w13_shards, torch.float32))
             self.register_parameter(f"w2_{name}", make_param(
                 (num_experts, *w2_scale), self.weight_loader, w2_shards, torch.float32))
-        self.w13_bias = self.w2_bias = None
-        if bias:
-            self.w13_bias = make_param((num_experts, 2 * inter), self.weight_loader)
-            self.w2_bias = make_param((num_experts, hidden_size), self.weight_loader)
+
+    def _make_mxfp4_params(self, num_experts: int, hidden_size: int, per_expert: bool) -> None:
+        """Packed uint8 weights and e8m0 scales, as gpt-oss ships them (module docstring)."""
+        block, inter = self.scheme.block, self.local_intermediate
+        if per_expert:
+            raise ValueError(f"{self.prefix}: MXFP4 experts need GPT-OSS's stacked checkpoint tensors")
+        if hidden_size % block or inter % block:
+            raise ValueError(f"{self.prefix}: MXFP4 experts need the hidden size {hidden_size} and the "
+                             f"per-rank intermediate size {inter} (TP {self.tp.world_size}) to be "
+                             f"multiples of {block}")
+        shapes = {"w13_weight": (2 * inter, hidden_size // 2), "w2_weight": (hidden_size, inter // 2),
+                  "w13_weight_scale": (2 * inter, hidden_size // block),
+                  "w2_weight_scale": (hidden_size, inter // block)}
+        for name, shape in shapes.items():
+            self.register_parameter(name, make_param((num_experts, *shape), self.weight_loader,
+                                                     dtype=torch.uint8))
+
+    @property
+    def _scale_name(self) -> str:
+        return "weight_scale" if self.mxfp4 else self.scheme.weight_scale_name
 
     @property
     def w13_scale(self) -> nn.Parameter | None:
-        return None if self.scheme is None else getattr(self, f"w13_{self.scheme.weight_scale_name}")
+        return None if self.scheme is None else getattr(self, f"w13_{self._scale_name}")
 
     @property
     def w2_scale(self) -> nn.Parameter | None:
-        return None if self.scheme is None else getattr(self, f"w2_{self.scheme.weight_scale_name}")
+        return None if self.scheme is None else getattr(self, f"w2_{self._scale_name}")
+
+    def _rank_slice(self, full: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+        """This rank's ``size`` entries of ``full`` along ``dim``, which holds every rank's."""
+        if full.shape[dim] != size * self.tp.world_size:
+            raise ValueError(f"checkpoint tensor {tuple(full.shape)} has {full.shape[dim]} entries "
+                             f"along dim {dim}, expected {size * self.tp.world_size}")
+        return full.narrow(dim, self.tp.rank * size, size)
 
     def _rank_gate_up(self, full: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's gate/up rows of a full [.., 2I, ..] tensor (``dim`` indexes the 2I rows)."""
-        size, rank = self.local_intermediate, self.tp.rank
+        size = self.local_intermediate
         if self.interleaved:  # g0 u0 g1 u1 ...: a rank's intermediate slice is contiguous
-            return full.narrow(dim, 2 * rank * size, 2 * size)
+            return self._rank_slice(full, dim, 2 * size)
         gate, up = full.chunk(2, dim=dim)
-        return torch.cat([gate.narrow(dim, rank * size, size), up.narrow(dim, rank * size, size)], dim)
+        return torch.cat([self._rank_slice(gate, dim, size), self._rank_slice(up, dim, size)], dim)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         size, rank = self.local_intermediate, self.tp.rank
@@ -203,15 +247,34 @@ class FusedMoE(nn.Module):
             return
         if shard_id is not None:
             raise ValueError(f"a stacked expert tensor takes no shard id, got {shard_id!r}")
-        if param is self.w13_weight:  # [E, D, 2I] -> [E, 2I, D]
+        if self.mxfp4 and param is not self.w13_bias and param is not self.w2_bias:
+            self._load_mxfp4(param, loaded)
+        elif param is self.w13_weight:  # [E, D, 2I] -> [E, 2I, D]
             copy_checked(param.data, self._rank_gate_up(loaded.transpose(1, 2), 1))
         elif param is self.w2_weight:  # [E, I, D] -> [E, D, I]
-            copy_checked(param.data, loaded.transpose(1, 2).narrow(2, rank * size, size))
+            copy_checked(param.data, self._rank_slice(loaded.transpose(1, 2), 2, size))
         elif param is self.w13_bias:
             copy_checked(param.data, self._rank_gate_up(loaded, 1))
         else:
             # The down bias is added once: every rank's partial sum would otherwise carry it.
             copy_checked(param.data, loaded if rank == 0 else torch.zeros_like(loaded))
+
+    def _load_mxfp4(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """gpt-oss's packed blocks [E, N, K / 32, 16] (flattened to [E, N, K / 2]) or scales
+        [E, N, K / 32]: rows are output channels, so gate/up rows split as the bf16 ones do and
+        down's K (the intermediate dim) splits in whole blocks."""
+        block = self.scheme.block
+        values_per_entry = block  # a scale covers a block
+        if param is self.w13_weight or param is self.w2_weight:
+            if loaded.dim() != 4 or loaded.shape[-1] != block // 2:
+                raise ValueError(f"MXFP4 blocks are [experts, rows, K / {block}, {block // 2}], got "
+                                 f"{tuple(loaded.shape)}")
+            loaded, values_per_entry = loaded.flatten(2), 2  # a byte holds two values
+        if param is self.w13_weight or param is self.w13_scale:
+            copy_checked(param.data, self._rank_gate_up(loaded, 1))
+        else:
+            size = self.local_intermediate // values_per_entry
+            copy_checked(param.data, self._rank_slice(loaded, 2, size))
 
     def _load_per_expert(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
         """One expert's gate, up or down tensor (or its scale); the intermediate dim is split across
@@ -240,7 +303,8 @@ class FusedMoE(nn.Module):
             w13_bias=self.w13_bias, w2_bias=self.w2_bias,
             swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
             w13_scale=self.w13_scale, w2_scale=self.w2_scale,
-            block_size=0 if self.scheme is None else self.scheme.weight_block or 0,
+            block_size=0 if self.scheme is None or self.mxfp4 else self.scheme.weight_block or 0,
+            weight_format="mxfp4" if self.mxfp4 else "auto",
         )
         if self.tp.world_size > 1:
             out = self.tp.all_reduce(out)

@@ -1,4 +1,5 @@
-"""Architectures ATOM implements: HF architecture name -> ATOM model class, and whether it is MoE."""
+"""Architectures ATOM implements: HF architecture name -> ATOM model class, whether it is MoE, and
+whether it serves MXFP4 experts."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ class ModelEntry:
     module: str
     class_name: str
     is_moe: bool
+    # MXFP4 checkpoints as published (gpt-oss) quantize GPT-OSS's stacked experts; no other family
+    # has them in that layout.
+    mxfp4_experts: bool = False
 
 
 SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
     "DeepseekV2ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV2ForCausalLM", True),
     "DeepseekV3ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV3ForCausalLM", True),
     "Glm4MoeForCausalLM": ModelEntry("atom_core.models.glm4_moe", "Glm4MoeForCausalLM", True),
-    "GptOssForCausalLM": ModelEntry("atom_core.models.gpt_oss", "GptOssForCausalLM", True),
+    "GptOssForCausalLM": ModelEntry("atom_core.models.gpt_oss", "GptOssForCausalLM", True,
+                                       mxfp4_experts=True),
     "LlamaForCausalLM": ModelEntry("atom_core.models.llama", "LlamaForCausalLM", False),
     "MixtralForCausalLM": ModelEntry("atom_core.models.mixtral", "MixtralForCausalLM", True),
     "Qwen3ForCausalLM": ModelEntry("atom_core.models.qwen3", "Qwen3ForCausalLM", False),

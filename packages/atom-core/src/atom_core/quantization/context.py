@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
-from atom_core.quantization.scheme import Fp8Scheme, QuantConfig
+from atom_core.quantization.scheme import Fp8Scheme, Mxfp4Scheme, QuantConfig
 
 _active: tuple[QuantConfig, Mapping[str, Sequence[str]]] | None = None
 
@@ -26,9 +26,10 @@ def quantized_layers(config: QuantConfig | None, fused: Mapping[str, Sequence[st
         _active = previous
 
 
-def layer_scheme(prefix: str) -> Fp8Scheme | None:
-    """The scheme of the layer named ``prefix`` being built now (None: unquantized)."""
+def layer_scheme(prefix: str, experts: bool = False) -> Fp8Scheme | Mxfp4Scheme | None:
+    """The scheme of the layer named ``prefix`` being built now (None: unquantized); ``experts``:
+    the layer is a fused MoE experts layer, the only kind an MXFP4 config quantizes."""
     if _active is None:
         return None
     config, fused = _active
-    return config.scheme_for(prefix, fused)
+    return config.scheme_for(prefix, fused, experts)

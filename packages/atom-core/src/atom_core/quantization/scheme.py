@@ -1,6 +1,7 @@
 """The quantization a checkpoint's ``quantization_config`` asks for, read once, in ATOM's terms.
 
-ATOM serves FP8 (e4m3) weights in these published forms; anything else raises
+ATOM serves FP8 (e4m3) weights in these published forms, and MXFP4 experts (below); anything else
+raises
 :class:`UnsupportedQuantization` with the reason, and the takeover decision hands the model back to
 the host (atom_core.hosting.takeover):
 
@@ -16,6 +17,11 @@ Per-tensor weight scales fill a per-output-channel scale vector at load, so fuse
 gate/up) keep each shard's own scale exactly. Layers the config leaves unquantized
 (``ignored_layers`` / ``modules_to_not_convert`` / compressed-tensors ``ignore``, usually
 ``lm_head``) load as they ship.
+
+``mxfp4`` (gpt-oss as published): only the MoE experts are quantized, to e2m1 values in blocks of
+32 along each row's input dim with an e8m0 scale per block (:class:`Mxfp4Scheme`); every other
+layer ships in bf16 whatever ``modules_to_not_convert`` says, as in HF transformers. ATOM serves it
+for GPT-OSS's stacked experts only (atom_core.hosting.takeover); activations stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -43,13 +49,28 @@ class Fp8Scheme:
 
 
 @dataclass(frozen=True)
+class Mxfp4Scheme:
+    """MXFP4 (OCP microscaling) weights: two e2m1 values per uint8 (the first in the low nibble),
+    in blocks of ``block`` values along the input dim, each with a uint8 e8m0 scale (the power of
+    two ``2 ** (scale - 127)``). Weight-only: activations stay in the model dtype."""
+
+    block: int = 32
+
+
+# HF's boundary for a module name pattern: the match ends at a dot or at the end of the name.
+_MODULE_BOUNDARY = r"(?:(?<=\.)|(?=\.|$))"
+
+
+@dataclass(frozen=True)
 class QuantConfig:
     """``method`` as the checkpoint names it, the one scheme of its quantized layers, and the module
-    names (or ``re:`` patterns) it leaves unquantized."""
+    names (or ``re:`` patterns) it leaves unquantized. ``experts_only``: the scheme covers the MoE
+    experts only (MXFP4); every other layer is unquantized."""
 
     method: str
-    scheme: Fp8Scheme
+    scheme: Fp8Scheme | Mxfp4Scheme
     unquantized: tuple[str, ...] = ()
+    experts_only: bool = False
 
     def _left_unquantized(self, module: str) -> bool:
         for entry in self.unquantized:
@@ -58,12 +79,20 @@ class QuantConfig:
                     return True
             elif f".{entry}." in f".{module}.":  # a whole dotted run of the name
                 return True
+            # HF transformers reads a plain entry as a pattern from the start of the name up to a
+            # module boundary as well: gpt-oss lists ``model.layers.*.self_attn``.
+            elif re.match(rf"(?:{entry}){_MODULE_BOUNDARY}", module):
+                return True
         return False
 
-    def scheme_for(self, module: str, fused: Mapping[str, Sequence[str]] = {}) -> Fp8Scheme | None:
-        """The scheme of the layer named ``module``, or None where the config leaves it
-        unquantized. A layer ATOM fuses (``fused``: its last name part -> the checkpoint modules it
-        stacks, e.g. ``qkv_proj`` -> q/k/v_proj) is quantized only if all its parts are."""
+    def scheme_for(self, module: str, fused: Mapping[str, Sequence[str]] = {},
+                   experts: bool = False) -> Fp8Scheme | Mxfp4Scheme | None:
+        """The scheme of the layer named ``module`` (``experts``: a fused MoE experts layer), or
+        None where the config leaves it unquantized. A layer ATOM fuses (``fused``: its last name
+        part -> the checkpoint modules it stacks, e.g. ``qkv_proj`` -> q/k/v_proj) is quantized
+        only if all its parts are."""
+        if self.experts_only and not experts:
+            return None
         head, _, last = module.rpartition(".")
         parts = fused.get(last)
         names = [f"{head}.{part}" if head else part for part in parts] if parts else [module]
@@ -149,7 +178,21 @@ def _compressed_tensors(config: Mapping[str, Any]) -> QuantConfig:
     return QuantConfig("compressed-tensors", schemes.pop(), _ignored(config, "ignore"))
 
 
-_PARSERS = {"fp8": _fp8, "compressed-tensors": _compressed_tensors}
+def _mxfp4(config: Mapping[str, Any]) -> QuantConfig:
+    # HF's Mxfp4Config has no other keys: the block (32) and the value and scale formats are fixed.
+    return QuantConfig(config["quant_method"], Mxfp4Scheme(),
+                       _ignored(config, "modules_to_not_convert"), experts_only=True)
+
+
+_PARSERS = {
+    "fp8": _fp8,
+    "compressed-tensors": _compressed_tensors,
+    "mxfp4": _mxfp4,
+    # vLLM 0.26 renames gpt-oss's "mxfp4" in the hf_config it builds models from, and in its resolved
+    # quantization (GptOssForCausalLMConfig.verify_and_update_model_config). Delete when vLLM keeps
+    # the checkpoint's name.
+    "gpt_oss_mxfp4": _mxfp4,
+}
 
 
 def quant_config_from_hf(hf_config: Any) -> QuantConfig | None:

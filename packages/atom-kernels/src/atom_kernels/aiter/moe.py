@@ -29,11 +29,12 @@ def fused_moe_aiter(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
+    weight_format: str = "auto",
 ) -> torch.Tensor:
     kinds = {"silu": "Silu", "gelu": "Gelu"}
-    # Interleaved gate/up rows, biases and FP8 experts (AITER's quantized MoE is not wired up
-    # here) run our Triton kernel.
-    unsupported = interleaved or any(
+    # Interleaved gate/up rows, biases and FP8 or MXFP4 experts (AITER's quantized MoE is not
+    # wired up here) run our Triton kernel.
+    unsupported = interleaved or weight_format != "auto" or any(
         t is not None for t in (w13_bias, w2_bias, w13_scale, w2_scale)
     )
     if activation not in kinds or unsupported:
@@ -52,6 +53,7 @@ def fused_moe_aiter(
             w13_scale=w13_scale,
             w2_scale=w2_scale,
             block_size=block_size,
+            weight_format=weight_format,
         )
     from aiter import ActivationType
     from aiter.fused_moe import fused_moe as aiter_fused_moe
