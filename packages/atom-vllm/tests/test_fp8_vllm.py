@@ -21,10 +21,11 @@ from vllm_testing import (
     prompts,
     run_with_and_without_atom,
     tokens_of,
+    worst_prompt_logprob_diff,
 )
 
 from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
-from atom_core.testing.reference import atom_greedy, atom_logits, prompt_logprobs
+from atom_core.testing.reference import atom_greedy, atom_logits
 
 pytestmark = pytest.mark.vllm
 
@@ -64,11 +65,8 @@ def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
     if isinstance(with_atom, VllmRunFailed):
         raise with_atom
     assert_atom_served(with_atom)
-    reference = atom_logits(model, torch.bfloat16)
-    for output, prompt in zip(with_atom["phases"][0], phase):
-        expected = prompt_logprobs(reference(prompt), prompt)
-        worst = max(abs(a - b) for a, b in zip(output["prompt_logprobs"], expected))
-        assert worst < LOGPROB_TOLERANCE, f"prompt logprob differs by {worst:.3f}"
+    worst = worst_prompt_logprob_diff(with_atom["phases"][0], phase, atom_logits(model, torch.bfloat16))
+    assert worst < LOGPROB_TOLERANCE, f"prompt logprob differs by {worst:.3f}"
     expected_tokens = atom_greedy(model, phase, MAX_TOKENS, torch.bfloat16)
     got = tokens_of(with_atom)
     assert [t[0] for t in got] == [t[0] for t in expected_tokens]

@@ -11,9 +11,9 @@ cache really holds FP8.
 """
 
 import pytest
-from vllm_testing import assert_atom_served, prompts, run_vllm
+from vllm_testing import assert_atom_served, prompts, run_vllm, worst_prompt_logprob_diff
 
-from atom_core.testing.reference import atom_greedy, atom_logits, fp8_kv_cache_semantics, prompt_logprobs
+from atom_core.testing.reference import atom_greedy, atom_logits, fp8_kv_cache_semantics
 
 pytestmark = pytest.mark.vllm
 
@@ -40,14 +40,11 @@ def test_fp8_kv_cache_served_by_atom(tiny_model_dir, architecture):
     plain_reference = atom_logits(model)
     with fp8_kv_cache_semantics(CHUNK):
         fp8_reference = atom_logits(model)
-        expected_tokens = atom_greedy(model, [p[0] for p in phases], MAX_TOKENS)
-    outputs = [phase[0] for phase in result["phases"]]
-    for output, (prompt,), tokens in zip(outputs, phases, expected_tokens):
-        got = output["prompt_logprobs"]
-        fp8_error = max(abs(a - b) for a, b in zip(got, prompt_logprobs(fp8_reference(prompt), prompt)))
-        plain_error = max(abs(a - b) for a, b in zip(got, prompt_logprobs(plain_reference(prompt), prompt)))
-        print(f"prompt of {len(prompt)}: off the FP8-cache reference by {fp8_error:.2e}, "
-              f"off the plain model by {plain_error:.2e}")
-        assert fp8_error < TOLERANCE
-        assert plain_error > 20 * TOLERANCE
-        assert output["tokens"] == tokens
+        expected_tokens = atom_greedy(model, [phase[0] for phase in phases], MAX_TOKENS)
+    outputs, prompts_run = [phase[0] for phase in result["phases"]], [phase[0] for phase in phases]
+    fp8_error = worst_prompt_logprob_diff(outputs, prompts_run, fp8_reference)
+    plain_error = worst_prompt_logprob_diff(outputs, prompts_run, plain_reference)
+    print(f"off the FP8-cache reference by {fp8_error:.2e}, off the plain model by {plain_error:.2e}")
+    assert fp8_error < TOLERANCE
+    assert plain_error > 20 * TOLERANCE
+    assert [output["tokens"] for output in outputs] == expected_tokens

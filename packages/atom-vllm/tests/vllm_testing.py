@@ -124,6 +124,15 @@ def error_line(failed: VllmRunFailed) -> str:
     return lines[-1].split("]: ")[-1].strip() if lines else failed.log[-300:]
 
 
+def worst_prompt_logprob_diff(outputs: list[dict], prompts: list[list[int]], logits_of) -> float:
+    """The largest difference between the engine's prompt log-probabilities and those of the
+    reference ``logits_of(prompt)``, over all prompts."""
+    from atom_core.testing.reference import prompt_logprobs
+
+    return max(abs(a - b) for output, prompt in zip(outputs, prompts, strict=True)
+               for a, b in zip(output["prompt_logprobs"], prompt_logprobs(logits_of(prompt), prompt)))
+
+
 def assert_atom_served(result: dict) -> None:
     assert result["served_by"]["inner_class"].startswith("atom_core.models.")
     assert "ATOM hands" not in result["log"]
