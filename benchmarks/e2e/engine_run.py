@@ -1,10 +1,12 @@
 """One vLLM engine in this process on a dummy-weight model: correctness probe, then throughput.
 
 Run in a fresh process per configuration (vLLM reads plugins and ATOM_* switches once per process):
-    python engine_run.py --config CONFIG.json --out RESULT.json [--eager] [--correctness N,L]
-        [--throughput N,IN,OUT] [--decode-step B,S] [--kv-cache-dtype auto|fp8|...]
+    python engine_run.py (--config CONFIG.json | --checkpoint DIR) --out RESULT.json [--eager]
+        [--correctness N,L] [--throughput N,IN,OUT] [--decode-step B,S] [--kv-cache-dtype auto|fp8|...]
 Prompts are random token ids with a fixed seed, so native and ATOM runs see the same inputs; dummy
 weights depend only on each parameter's shape (vLLM's dummy loader), so both see the same weights.
+``--checkpoint`` loads a checkpoint written on disk instead (random_mxfp4_checkpoint.py: formats whose
+weights vLLM's dummy loader leaves uninitialised).
 """
 
 import argparse
@@ -45,7 +47,9 @@ def decode_step_time(llm, batch: int, steps: int, vocab: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="an HF config.json: dummy weights")
+    source.add_argument("--checkpoint", help="a checkpoint directory: its weights")
     parser.add_argument("--out", required=True)
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--correctness", default="64,128", help="prompts,new tokens ('' to skip)")
@@ -57,15 +61,19 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    model_dir = tempfile.mkdtemp(prefix="atom-bench-")
-    shutil.copy(args.config, os.path.join(model_dir, "config.json"))
-    config = json.load(open(args.config))
+    if args.checkpoint:
+        model_dir, load_format = args.checkpoint, "auto"
+    else:
+        model_dir, load_format = tempfile.mkdtemp(prefix="atom-bench-"), "dummy"
+        shutil.copy(args.config, os.path.join(model_dir, "config.json"))
+    config = json.load(open(os.path.join(model_dir, "config.json")))
     vocab = config["vocab_size"]
     start = time.perf_counter()
-    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+    llm = LLM(model=model_dir, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0,
               gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype)
-    result = {"config": os.path.basename(args.config), "eager": args.eager, "kv_cache_dtype": args.kv_cache_dtype,
+    result = {"config": os.path.basename(args.config or args.checkpoint), "eager": args.eager,
+              "kv_cache_dtype": args.kv_cache_dtype,
               "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1",
               "engine_start_s": time.perf_counter() - start,
               "served_by": llm.apply_model(describe_served_model)[0]}
