@@ -2,14 +2,14 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-gemm.
+# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-gemm"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 for step in $steps; do
@@ -32,6 +32,22 @@ for step in $steps; do
     sweep) python3 "$here/kernels/sweep_tokens.py" --out "$out/sweep-tokens.json" ;;
     tune) python3 "$here/kernels/tune_kernels.py" --out-dir "$out/tuned" ;;
     fp8-offline) python3 "$here/e2e/bench_offline.py" --out "$out/offline-fp8.json" qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
+    fp8-kv-offline) python3 "$here/e2e/bench_offline.py" --kv-cache-dtype fp8 --out "$out/offline-fp8-kv.json" \
+                      qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
+    mxfp4-offline) # A checkpoint on disk (see random_mxfp4_checkpoint.py), then both engines on it.
+                   ckpt=$(mktemp -d)/gpt-oss-20b-mxfp4
+                   python3 "$here/e2e/random_mxfp4_checkpoint.py" --config "$here/models/gpt-oss-20b-mxfp4.json" \
+                     --out "$ckpt"
+                   mkdir -p "$out/mxfp4-runs"
+                   for mode in native atom; do
+                     [ $mode = native ] && flag=1 || flag=
+                     ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$ckpt" \
+                       --out "$out/mxfp4-runs/run-gpt-oss-20b-mxfp4-$mode.json" \
+                       > "$out/mxfp4-runs/run-gpt-oss-20b-mxfp4-$mode.json.log" 2>&1
+                   done
+                   python3 "$here/e2e/bench_offline.py" --runs-dir "$out/mxfp4-runs" --out "$out/offline-mxfp4.json" \
+                     gpt-oss-20b-mxfp4
+                   rm -rf "$ckpt" ;;
     fp8-gemm) python3 "$here/kernels/bench_fp8_gemm.py" --out "$out/fp8-gemm.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
