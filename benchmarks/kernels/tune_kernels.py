@@ -331,7 +331,7 @@ def try_us(fn) -> float | None:
         if "OutOfResources" not in type(
             error
         ).__name__ and "out of resource" not in str(error):
-            print(f"    candidate failed: {type(error).__name__}: {str(error)[:120]}")
+            print(f"    candidate failed: {type(error).__name__}: {error_cause(error)}")
         return None
 
 
@@ -363,6 +363,13 @@ def compile_jobs(ops: list[str]) -> list[tuple]:
 _worker_inputs: dict = {}
 
 
+def error_cause(error: Exception) -> str:
+    """The end of an error's message, where a Triton CompilationError names its cause (its start
+    quotes the kernel's source)."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return " | ".join(lines[-3:])[:400]
+
+
 def compile_one(job: tuple) -> None:
     """Run one candidate once at a small size to fill the cache. Sizes are not specialized, nor is
     the expert count: a MoE runs with top_k experts (16 workers with DeepSeek-V3's would not fit)."""
@@ -381,7 +388,7 @@ def compile_one(job: tuple) -> None:
             _worker_inputs[key].ours(config)()
         torch.cuda.synchronize()
     except Exception as error:  # noqa: BLE001  (the candidate is skipped again when it is timed)
-        print(f"    compile failed: {job[:3]}: {type(error).__name__}", flush=True)
+        print(f"    compile failed: {job[:3]} {job[-1]}: {type(error).__name__}: {error_cause(error)}", flush=True)
 
 
 def precompile(ops: list[str], jobs: int) -> None:
