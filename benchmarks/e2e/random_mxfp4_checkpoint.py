@@ -1,6 +1,6 @@
 """A random gpt-oss checkpoint of full size in the published MXFP4 layout, for benchmarks.
 
-    python random_mxfp4_checkpoint.py --config ../models/gpt-oss-20b.json --out DIR
+    python random_mxfp4_checkpoint.py --config ../models/gpt-oss-20b-mxfp4.json --out DIR [--layers N]
 
 vLLM's dummy loader leaves integer parameters uninitialised (``torch.empty``), and its Hopper MXFP4
 path swizzles the expert weights away from the parameters at load, so dummy MXFP4 weights are not
@@ -69,9 +69,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--layers", type=int, default=None, help="the first N layers only (reduced depth)")
     args = parser.parse_args()
     config = json.load(open(args.config))
     config["quantization_config"] = GPT_OSS_QUANTIZATION_CONFIG
+    if args.layers:
+        config["num_hidden_layers"] = args.layers
+        config["layer_types"] = config["layer_types"][: args.layers]
     os.makedirs(args.out, exist_ok=True)
     json.dump(config, open(os.path.join(args.out, "config.json"), "w"), indent=1)
     generator = torch.Generator().manual_seed(0)
