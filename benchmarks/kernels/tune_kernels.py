@@ -160,7 +160,8 @@ def moe_weights(
             None,
             None,
         )
-    return (*fp8_blocks(experts, 2 * inter, hidden), *fp8_blocks(experts, hidden, inter))
+    (w13, w13_scale), (w2, w2_scale) = fp8_blocks(experts, 2 * inter, hidden), fp8_blocks(experts, hidden, inter)
+    return w13, w2, w13_scale, w2_scale
 
 
 def fp8_blocks(experts: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
