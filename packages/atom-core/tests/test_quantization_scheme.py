@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from atom_core.hosting.takeover import HostedModel, decide_takeover
+from atom_core.hosting.takeover import MXFP4_OPT_IN_REASON, HostedModel, decide_takeover
 from atom_core.quantization import Fp8Scheme, Mxfp4Scheme, UnsupportedQuantization, quant_config_from_hf
 
 FP8 = {"quant_method": "fp8", "fmt": "e4m3"}
@@ -137,9 +137,19 @@ def test_decision(quantization, requested, reasons):
     ("GptOssForCausalLM", ()),
     ("MixtralForCausalLM", ("quantization 'mxfp4' is served for GPT-OSS only, not MixtralForCausalLM",)),
 ])
-def test_mxfp4_is_served_for_gpt_oss_only(method, architecture, reasons):
+def test_mxfp4_is_served_for_gpt_oss_only(method, architecture, reasons, monkeypatch):
+    monkeypatch.setenv("ATOM_SERVE_MXFP4", "1")
     model = hosted({**GPT_OSS_MXFP4, "quant_method": method}, method)
     assert decide_takeover(dataclasses.replace(model, architecture=architecture)).reasons == reasons
+
+
+def test_mxfp4_is_served_only_when_asked(monkeypatch):
+    """Off by default: ATOM's MXFP4 MoE is 0.10x the host's on an H200 (docs/performance.md)."""
+    model = dataclasses.replace(hosted(GPT_OSS_MXFP4, "mxfp4"), architecture="GptOssForCausalLM")
+    monkeypatch.delenv("ATOM_SERVE_MXFP4", raising=False)
+    assert decide_takeover(model).reasons == (MXFP4_OPT_IN_REASON,)
+    monkeypatch.setenv("ATOM_SERVE_MXFP4", "1")
+    assert decide_takeover(model).atom_serves
 
 
 def test_static_activation_scales_on_experts_are_handed_back():

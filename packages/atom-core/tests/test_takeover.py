@@ -23,6 +23,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from atom_core.hosting.hf_config import complete_hf_config
 from atom_core.hosting.takeover import (
+    MXFP4_OPT_IN_REASON,
     HostedModel,
     TakeoverRefused,
     decide_takeover,
@@ -40,7 +41,7 @@ EXPECTED_REASONS = {
     "llama-3.1-8b-instruct": (),  # llama3 rope
     "mixtral-8x7b-instruct-v0.1": (),
     "deepseek-v2-lite": (),  # yarn rope
-    "gpt-oss-20b": (),  # MXFP4 experts
+    "gpt-oss-20b": (MXFP4_OPT_IN_REASON,),  # MXFP4 experts: served with ATOM_SERVE_MXFP4=1
     "deepseek-v3": (),  # block FP8
 }
 

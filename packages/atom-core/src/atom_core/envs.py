@@ -19,6 +19,13 @@ def strict_takeover() -> bool:
     return flag("ATOM_STRICT_TAKEOVER")
 
 
+def serve_mxfp4() -> bool:
+    """ATOM_SERVE_MXFP4=1: ATOM serves gpt-oss MXFP4 checkpoints. Off by default, because ATOM's
+    MXFP4 MoE ran at 0.10x vLLM alone's throughput on an H200 (docs/performance.md): the host serves
+    them until it is as fast."""
+    return flag("ATOM_SERVE_MXFP4")
+
+
 @dataclass(frozen=True)
 class HostSwitches:
     """The switches of one host glue, named for the host (``VLLM``, ``SGLANG``):

@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | a scheme atom_core.quantization does not serve; online (``quantization="fp8"``); MXFP4 but on GPT-OSS |
+| quantization | a scheme atom_core.quantization does not serve; online (``quantization="fp8"``); MXFP4 (opt-in) |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
@@ -80,6 +80,10 @@ def _task(model: HostedModel) -> str | None:
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
+MXFP4_OPT_IN_REASON = ("MXFP4 experts are left to the host until ATOM's MXFP4 MoE is as fast "
+                       "(ATOM_SERVE_MXFP4=1 serves them with ATOM)")
+
+
 def _quantization(model: HostedModel) -> str | None:
     try:
         checkpoint = quant_config_from_hf(model.hf_config)
@@ -95,6 +99,8 @@ def _quantization(model: HostedModel) -> str | None:
     if isinstance(checkpoint.scheme, Mxfp4Scheme):
         if not SUPPORTED_ARCHITECTURES[model.architecture].mxfp4_experts:
             return f"quantization 'mxfp4' is served for GPT-OSS only, not {model.architecture}"
+        if not envs.serve_mxfp4():
+            return MXFP4_OPT_IN_REASON
         return None
     has_experts = any(getattr(model.hf_config, key, None) for key in _EXPERT_COUNT_KEYS)
     if checkpoint.scheme.static_input and has_experts:
