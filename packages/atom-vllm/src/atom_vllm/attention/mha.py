@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from vllm.platforms import current_platform
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionImpl,
@@ -189,15 +190,14 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
         self.prefill_kernels_compiled = False
-        self.fp8_cache = kv_cache_dtype in FP8_KV_CACHE_DTYPES
+        # The e4m3 type vLLM's uint8 FP8 cache holds on this platform (fnuz on MI300); None: no FP8.
+        self.fp8_cache_dtype = current_platform.fp8_dtype() if kv_cache_dtype in FP8_KV_CACHE_DTYPES else None
 
     def cache_views(self, layer, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """(key_cache, value_cache, scales): an FP8 cache viewed as e4m3, with the layer's scales."""
-        if not self.fp8_cache:
+        if self.fp8_cache_dtype is None:
             return *kv_cache.unbind(0), {}
-        from vllm.platforms import current_platform
-
-        key_cache, value_cache = kv_cache.view(current_platform.fp8_dtype()).unbind(0)
+        key_cache, value_cache = kv_cache.view(self.fp8_cache_dtype).unbind(0)
         return key_cache, value_cache, {"k_scale": layer._k_scale, "v_scale": layer._v_scale}
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -267,7 +267,7 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         # non-decode variant, which chunked prefill and prefix-cache hits use.
         block_size = 16
         scratch = torch.zeros((2, 1, block_size, self.num_kv_heads, self.head_size),
-                              dtype=torch.uint8 if self.fp8_cache else key.dtype, device=device)
+                              dtype=torch.uint8 if self.fp8_cache_dtype else key.dtype, device=device)
         key_cache, value_cache, scales = self.cache_views(layer, scratch)
         atom_kernels.paged_attention(
             query[:n], key_cache, value_cache, torch.tensor([0, 1, n], **int32),

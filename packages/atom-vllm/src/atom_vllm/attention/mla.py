@@ -36,6 +36,7 @@ from torch import nn
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.model_executor.layers.attention.attention import get_attention_context
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -164,11 +165,12 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
         self.head_size = spec.latent_dim
         self.scale = spec.scale
         self.prefill_kernels_compiled = False
+        self.fp8_cache_dtype = current_platform.fp8_dtype()
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: ATOMMLAMetadata | None, output: torch.Tensor,
                 kv_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """``kv_scale``: given for an FP8 cache (its uint8 storage is read as e4m3)."""
+        """``kv_scale``: given for an FP8 cache (its uint8 storage is read as the platform's e4m3)."""
         if metadata is None:
             # Profiling and dummy runs have no batch. Zeros keep data-parallel ranks that run dummy
             # batches for their peers in step (vLLM's MLA does the same).
@@ -177,9 +179,7 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
                 self.compile_prefill_kernels(q, kv_c, k_pe)
             return output.zero_()
         if kv_scale is not None:
-            from vllm.platforms import current_platform
-
-            kv_cache = kv_cache.view(current_platform.fp8_dtype())
+            kv_cache = kv_cache.view(self.fp8_cache_dtype)
         s, m = self.spec, metadata
         n, nope = m.num_actual_tokens, s.qk_nope_head_dim
         d = m.num_decode_tokens
