@@ -1,6 +1,7 @@
 """Per-kernel GPU time of one prefill step and one decode step, in one vLLM engine (this process).
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 python profile_steps.py --config CONFIG.json --out PROFILE.json
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 python profile_steps.py (--config CONFIG.json | --checkpoint DIR) \
+        --out PROFILE.json
 
 Run once with ATOM_DISABLE_VLLM_PLUGIN=1 (native) and once without (ATOM), on the same GPU.
 The engine core runs in this process, so torch.profiler sees every kernel, CUDA-graph replays
@@ -93,7 +94,9 @@ def profiled(fn):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="an HF config.json: dummy weights")
+    source.add_argument("--checkpoint", help="a checkpoint directory (as engine_run.py's)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--prefill-prompts", type=int, default=16)
     parser.add_argument("--decode-batch", type=int, default=256)
@@ -105,13 +108,17 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    model_dir = tempfile.mkdtemp(prefix="atom-prof-")
-    shutil.copy(args.config, os.path.join(model_dir, "config.json"))
-    vocab = json.load(open(args.config))["vocab_size"]
-    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+    if args.checkpoint:
+        model_dir, load_format = args.checkpoint, "auto"
+    else:
+        model_dir, load_format = tempfile.mkdtemp(prefix="atom-prof-"), "dummy"
+        shutil.copy(args.config, os.path.join(model_dir, "config.json"))
+    vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
+    llm = LLM(model=model_dir, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=2048, seed=0, gpu_memory_utilization=0.85)
     engine = llm.llm_engine
-    result = {"config": os.path.basename(args.config), "served_by": llm.apply_model(describe_served_model)[0],
+    result = {"config": os.path.basename(args.config or args.checkpoint),
+              "served_by": llm.apply_model(describe_served_model)[0],
               "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1"}
 
     def submit(prompts, max_tokens, tag):

@@ -1,13 +1,14 @@
 """Tune ATOM's Triton tile configs on this GPU and write the tables that ``atom_kernels.tuned`` reads.
 
-    python benchmarks/kernels/tune_kernels.py --out-dir DIR [--ops moe,moe_fp8,attention] [--jobs 16]
+    python benchmarks/kernels/tune_kernels.py --out-dir DIR [--ops moe,moe_fp8,moe_mxfp4,attention] [--jobs 16]
     python benchmarks/kernels/tune_kernels.py --dry-run [--ops ...]   # the plan; needs no GPU
 
 * fused MoE, ``moe`` (bf16 experts of Qwen3-30B-A3B and DeepSeek-V2-Lite) and ``moe_fp8`` (block-FP8
   experts of Qwen3-30B-A3B-FP8 and DeepSeek-V3 at TP 1: fp8 weights with an fp32 scale per 128 x 128
   block, bf16 activations quantized per token and 128 channels): per token count, every row-block
   size BLOCK_M and, for each of the two GEMMs (gate_up with the activation, down), every tile
-  candidate; the BLOCK_M whose two best GEMMs sum lowest wins.
+  candidate; the BLOCK_M whose two best GEMMs sum lowest wins. ``moe_mxfp4``: the MXFP4 experts of
+  gpt-oss-20b and gpt-oss-120b (uint8 weights, two e2m1 values a byte, an e8m0 scale per 32 values).
 * attention (Qwen3-8B and Qwen3-30B-A3B heads): prefill (varlen, 16 x 1024 tokens) and extend
   (paged: 4 chunked-prefill extends of 512 new tokens over 2048 cached), every
   candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages. Only the prefill picks go into the table;
@@ -15,7 +16,8 @@
 
 Every timing is a CUDA-graph replay (median of a few). Candidates compile first, in ``--jobs``
 processes, into the shared Triton cache. Then the whole ops run with the new tables, next to the
-built-in defaults and vLLM's kernel (fused_experts, with its block-FP8 W8A8 path for ``moe_fp8``;
+built-in defaults and vLLM's kernel (fused_experts, with its block-FP8 W8A8 path for ``moe_fp8``, and
+on the dequantized bf16 weights for ``moe_mxfp4``: vLLM's MXFP4 MoE needs its own weight layout;
 FlashAttention 3), and their outputs are compared (MoE: also with ATOM's torch reference).
 Writes DIR/fused_moe.json and DIR/attention.json and DIR/tune-report.json. A table keeps the shapes
 and GPUs it had (a new one starts from the packaged table), so a run of some ops drops no entry of
@@ -29,6 +31,7 @@ import argparse
 import functools
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -58,9 +61,16 @@ MOE_FP8_MODELS = {  # block-FP8 checkpoints, same columns
 # tokens): ~1.5 min; the comparisons ~1 min (vLLM compiles its FP8 kernels on first use). About
 # 3.5 min for moe_fp8, and about 5.5 min with the bf16 run's 130 s: inside 8 minutes.
 MOE_FP8_TOKENS = [1, 16, 64, 256, 512, 1024, 2048, 4096]
+MXFP4 = torch.uint8  # the stored dtype of MXFP4 experts
+MOE_MXFP4_MODELS = {  # gpt-oss: 32 / 128 experts, top 4, hidden = intermediate = 2880
+    "gpt-oss-20b": (32, 4, 2880, 2880),
+    "gpt-oss-120b": (128, 4, 2880, 2880),
+}
+MOE_MXFP4_TOKENS = [1, 16, 64, 256, 1024, 4096, 16384]
 MOE_OPS = {  # op: models, token counts, weight dtype
     "moe": (MOE_MODELS, MOE_TOKENS, BF16),
     "moe_fp8": (MOE_FP8_MODELS, MOE_FP8_TOKENS, FP8),
+    "moe_mxfp4": (MOE_MXFP4_MODELS, MOE_MXFP4_TOKENS, MXFP4),
 }
 OPS = [*MOE_OPS, "attention"]
 ATTENTION_MODELS = {
@@ -87,11 +97,13 @@ def moe_tiles(block_m: int, gated: bool, weight_dtype: torch.dtype) -> list[dict
     # of it, so 256 would time 128 again); 1-byte operands leave room for deeper pipelines. BLOCK_N is
     # free: the kernel loads the weight scales of each output column.
     k_steps = [k for k in (64, 128, 256) if not fp8 or FP8_BLOCK % k == 0]
-    stages_options = (3, 4, 5) if fp8 else (2, 3, 4)
+    stages_options = (3, 4, 5) if weight_dtype.itemsize == 1 else (2, 3, 4)
     tiles = []
     for n, k, warps, stages in itertools.product((64, 128, 256), k_steps, (4, 8), stages_options):
         operands = 2 if gated else 1
-        if stages * (block_m * k + operands * k * n) * weight_dtype.itemsize > SMEM_BYTES:
+        # Activations are fp8 next to FP8 weights, else bf16; MXFP4 weights are half a byte a value.
+        a_bytes, w_bytes = (1, 1) if fp8 else (2, 0.5 if weight_dtype == MXFP4 else 2)
+        if stages * (block_m * k * a_bytes + operands * k * n * w_bytes) > SMEM_BYTES:
             continue
         if (
             block_m * n * operands > 4096 * warps
@@ -153,6 +165,11 @@ def moe_weights(
     experts: int, hidden: int, inter: int, weight_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """w13 [E, 2I, D], w2 [E, D, I] and their block scales (None for bf16), made once a model."""
+    if weight_dtype == MXFP4:
+        (w13, w13_scale), (w2, w2_scale) = mxfp4_blocks(experts, 2 * inter, hidden), mxfp4_blocks(
+            experts, hidden, inter
+        )
+        return w13, w2, w13_scale, w2_scale
     if weight_dtype != FP8:
         return (
             rand(experts, 2 * inter, hidden, scale=hidden**-0.5),
@@ -172,6 +189,16 @@ def fp8_blocks(experts: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.
     return w, (0.5 + torch.rand(blocks, device="cuda")) * cols**-0.5
 
 
+def mxfp4_blocks(experts: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 weights [E, rows, cols] as stored: uint8 [E, rows, cols / 2] of random e2m1 pairs and
+    e8m0 scales [E, rows, cols / 32] of about 1 / (2 sqrt(cols)) (e2m1 codes average about 2)."""
+    blocks = torch.randint(0, 256, (experts, rows, cols // 2), dtype=torch.uint8, device="cuda")
+    center = 127 - round(math.log2(2 * cols**0.5))
+    scales = torch.randint(center - 1, center + 2, (experts, rows, cols // 32), dtype=torch.uint8,
+                           device="cuda")
+    return blocks, scales
+
+
 class MoeShape:
     """One MoE layer at ``num_tokens`` tokens: the whole op's inputs, and each GEMM's."""
 
@@ -181,6 +208,7 @@ class MoeShape:
         e, d, i = self.experts, self.hidden, self.inter
         self.w13, self.w2, self.w13_scale, self.w2_scale = moe_weights(e, d, i, weight_dtype)
         self.block_size = FP8_BLOCK if weight_dtype == FP8 else 0
+        self.mxfp4 = weight_dtype == MXFP4
         self.x = rand(num_tokens, d)
         logits = torch.randn(num_tokens, e, device="cuda")
         self.weights, self.ids = torch.topk(logits.softmax(-1), self.top_k)
@@ -200,8 +228,9 @@ class MoeShape:
             self.gate_up_input, self.down_input = (self.x, None), (self.hidden_states, None)
 
     def quant_args(self) -> dict:
-        """fused_moe's FP8 arguments (no scales and block 0 for bf16 weights)."""
-        return {"w13_scale": self.w13_scale, "w2_scale": self.w2_scale, "block_size": self.block_size}
+        """fused_moe's FP8 / MXFP4 arguments (no scales and block 0 for bf16 weights)."""
+        args = {"w13_scale": self.w13_scale, "w2_scale": self.w2_scale, "block_size": self.block_size}
+        return args | ({"weight_format": "mxfp4"} if self.mxfp4 else {})
 
     def gemm(self, block_m: int, gated: bool, tiles: dict):
         from atom_kernels import moe, moe_align
@@ -221,6 +250,7 @@ class MoeShape:
         return lambda: moe.launch_moe_gemm(
             a, w, None, out, weights, sorted_ids, block_expert, entries, a_row_divisor, block_m,
             tiles, gated=gated, a_scale=a_scale, w_scale=w_scale, block_size=self.block_size,
+            mxfp4=self.mxfp4,
         )
 
 
@@ -506,19 +536,24 @@ def print_row(label: str, row: dict, theirs: str) -> None:
 
 def vllm_fused_experts(s: MoeShape) -> tuple[float | None, torch.Tensor | None, str | None]:
     """vLLM's Triton fused MoE on ``s`` (its block-FP8 W8A8 path for FP8 weights, as vLLM 0.26.0 takes
-    it: a quant_config): (us, output, None), or (None, None, why) where it does not run."""
+    it: a quant_config; MXFP4 weights dequantized to bf16): (us, output, None), or (None, None, why)
+    where it does not run."""
     try:
         from vllm.model_executor.layers.fused_moe import fused_experts
         from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
 
-        quant_config = None
-        if s.block_size:
+        from atom_kernels.mxfp4 import dequantize_mxfp4
+
+        quant_config, w13, w2 = None, s.w13, s.w2
+        if s.mxfp4:
+            w13, w2 = dequantize_mxfp4(w13, s.w13_scale, BF16), dequantize_mxfp4(w2, s.w2_scale, BF16)
+        elif s.block_size:
             quant_config = fp8_w8a8_moe_quant_config(
                 w1_scale=s.w13_scale, w2_scale=s.w2_scale, block_shape=[s.block_size] * 2
             )
 
         def run() -> torch.Tensor:
-            return fused_experts(s.x, s.w13, s.w2, s.weights, s.ids, quant_config=quant_config)
+            return fused_experts(s.x, w13, w2, s.weights, s.ids, quant_config=quant_config)
 
         out = run()  # a failure here leaves no CUDA graph capture open
         return graph_us(run), out, None

@@ -36,7 +36,12 @@ from atom_kernels.moe_align import moe_align_block_size_triton
 from atom_kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, e2m1_to_float, e8m0_to_float
 from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, dot_precision, next_pow2
+from atom_kernels.triton_utils import (
+    check_last_dim_contiguous,
+    dot_precision,
+    interpreting,
+    next_pow2,
+)
 from atom_kernels.tuned import all_tuned_configs, tuned_config
 
 
@@ -294,16 +299,36 @@ def fused_moe_torch(
 
 @triton.jit
 def _mxfp4_step(
-    acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr
+    acc,
+    a_rows,
+    w_cols,
+    w_scales,
+    k0,
+    K,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MX_DOT: tl.constexpr,
+    A_FORMAT: tl.constexpr,
 ):
-    """``acc`` + the K step at ``k0`` of A @ W^T with MXFP4 W: A's even columns meet the low
-    nibbles, its odd columns the high ones. ``a_rows`` [BLOCK_M, 1] and ``w_cols`` / ``w_scales``
-    [1, BLOCK_N] point at the rows of A, of W's bytes and of W's scales."""
+    """``acc`` + the K step at ``k0`` of A @ W^T with MXFP4 W. ``a_rows`` [BLOCK_M, 1] and ``w_cols``
+    / ``w_scales`` [1, BLOCK_N] point at the rows of A, of W's bytes and of W's scales.
+
+    With ``MX_DOT`` the compiler's microscaled dot takes the packed bytes and e8m0 scales as they are
+    stored (it upcasts them to A's format itself); Triton's interpreter lacks it, and fp32 A is not
+    one of its formats, so there the step decodes the weight tile explicitly: A's even columns meet
+    the low nibbles, its odd columns the high ones."""
     pairs = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds values 2j and 2j + 1
     valid = pairs < K // 2
+    packed = tl.load(w_cols + pairs[:, None], mask=valid[:, None], other=0)
+    if MX_DOT:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+        groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        scale_codes = tl.load(tl.trans(w_scales) + groups[None, :],
+                              mask=(groups < K // 32)[None, :], other=0)
+        return tl.dot_scaled(a, None, A_FORMAT, packed, scale_codes, "e2m1", acc, fast_math=True)
     a_even = tl.load(a_rows + 2 * pairs[None, :], mask=valid[None, :], other=0.0)
     a_odd = tl.load(a_rows + 2 * pairs[None, :] + 1, mask=valid[None, :], other=0.0)
-    packed = tl.load(w_cols + pairs[:, None], mask=valid[:, None], other=0)
     # 16 bytes (32 values) per scale.
     scale_codes = tl.load(w_scales + (pairs // 16)[:, None], mask=valid[:, None], other=0)
     scale = e8m0_to_float(scale_codes)
@@ -346,6 +371,8 @@ def _moe_gemm_kernel(
     MUL_ROUTED_WEIGHT: tl.constexpr,
     W8A8: tl.constexpr,
     MXFP4: tl.constexpr,
+    MX_DOT: tl.constexpr,
+    A_FORMAT: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -403,10 +430,11 @@ def _moe_gemm_kernel(
         up_scales = w_scale_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_scale_stride_n
     for k0 in range(0, K, BLOCK_K):
         if MXFP4:
-            acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K, DOT_PRECISION)
+            acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K, DOT_PRECISION,
+                              MX_DOT, A_FORMAT)
             if GATED:
                 acc_up = _mxfp4_step(acc_up, a_rows, up_cols, up_scales, k0, K, BLOCK_K,
-                                     DOT_PRECISION)
+                                     DOT_PRECISION, MX_DOT, A_FORMAT)
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
@@ -488,6 +516,14 @@ def moe_config(shape_key: str, num_tokens: int, num_experts: int, top_k: int, x:
     return tuned or default_moe_config(num_tokens * top_k, num_experts)
 
 
+def mx_dot_format(a: torch.Tensor) -> str | None:
+    """The format name of ``a`` for Triton's microscaled dot, or None where the MXFP4 GEMM decodes
+    its weight tiles itself (the interpreter; fp32 activations)."""
+    if interpreting():
+        return None
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(a.dtype)
+
+
 def launch_moe_gemm(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -523,7 +559,8 @@ def launch_moe_gemm(
         # A K step must lie inside one scale block: BLOCK_K (a power of two) clamped to a divisor.
         tiles = {**tiles, "BLOCK_K": math.gcd(tiles["BLOCK_K"], block_size)}
     if mxfp4:
-        # Each half of a K step (even and odd columns) is a dot of at least 16.
+        # A K step covers whole 32-value scale blocks (and each half of the decoding step is a dot
+        # of at least 16).
         tiles = {**tiles, "BLOCK_K": max(tiles["BLOCK_K"], 32)}
     grid = (block_expert.shape[0] * triton.cdiv(n, tiles["BLOCK_N"]),)
     _moe_gemm_kernel[grid](
@@ -558,6 +595,8 @@ def launch_moe_gemm(
         MUL_ROUTED_WEIGHT=topk_weights is not None,
         W8A8=w_scale is not None and not mxfp4,
         MXFP4=mxfp4,
+        MX_DOT=mxfp4 and mx_dot_format(a) is not None,
+        A_FORMAT=mx_dot_format(a) or "",
         SCALE_BLOCK=block_size if w_scale is not None else 0,
         DOT_PRECISION=dot_precision(a.dtype),
         EVEN_K=k % tiles["BLOCK_K"] == 0,
