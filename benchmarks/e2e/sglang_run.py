@@ -56,7 +56,8 @@ def copy_stderr() -> str:
     """From now on, what this process and the processes it starts write to stderr also goes to a file,
     whose path is returned. ``tee`` does the copying rather than a thread here, so that a traceback
     written as this process dies still reaches both."""
-    path = tempfile.mkstemp(prefix="sglang-run-", suffix=".log")[1]
+    fd, path = tempfile.mkstemp(prefix="sglang-run-", suffix=".log")
+    os.close(fd)
     sys.stderr.flush()
     tee = subprocess.Popen(["tee", path], stdin=subprocess.PIPE, stdout=sys.stderr.fileno())
     os.dup2(tee.stdin.fileno(), sys.stderr.fileno())
@@ -82,13 +83,20 @@ def main() -> None:
         "kv_cache_dtype": args.kv_cache_dtype, **dict(args.engine_arg)})
     engine_start_s = time.perf_counter() - start
     try:
-        result = run(engine, args, vocab, engine_start_s, log_path)
+        measured = measure(engine, args, vocab)
+        scheduler = engine.get_server_info()["internal_states"][0]
     finally:
         engine.shutdown()
-    write_result(result, args.out)
+    # The scheduler wrote ATOM's lines while it built the model, long before: tee has copied them.
+    with open(log_path, errors="replace") as log:
+        served_by = describe_served_model(log.read(), scheduler)
+    os.unlink(log_path)
+    result = run_header(args, "sglang", envs.plugin_disabled(), engine_start_s, served_by)
+    write_result({**result, "weights_gib": float(scheduler["memory_usage"]["weight"]), **measured}, args.out)
 
 
-def run(engine, args: argparse.Namespace, vocab: int, engine_start_s: float, log_path: str) -> dict:
+def measure(engine, args: argparse.Namespace, vocab: int) -> dict:
+    """The correctness probe and the throughput workload, as engine_run.py runs them."""
     def generate(prompts: list[list[int]], max_tokens: int, **logprobs) -> list[dict]:
         params = {"temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}
         return engine.generate(input_ids=prompts, sampling_params=params, **logprobs)
@@ -108,14 +116,7 @@ def run(engine, args: argparse.Namespace, vocab: int, engine_start_s: float, log
         measured["throughput"] = measure_throughput(
             lambda prompts, max_tokens: sum(len(o["output_ids"]) for o in generate(prompts, max_tokens)),
             args.throughput, vocab)
-
-    scheduler = engine.get_server_info()["internal_states"][0]
-    # Read last: the scheduler logged which model it built before it reported ready, and tee has
-    # copied those lines by now.
-    with open(log_path) as log:
-        served_by = describe_served_model(log.read(), scheduler)
-    return {**run_header(args, "sglang", envs.plugin_disabled(), engine_start_s, served_by),
-            "weights_gib": scheduler["memory_usage"]["weight"], **measured}
+    return measured
 
 
 if __name__ == "__main__":
