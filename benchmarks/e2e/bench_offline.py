@@ -1,23 +1,29 @@
-"""Native vLLM vs vLLM+ATOM, same GPU, same run: offline throughput and correctness.
+"""Native vLLM (or SGLang) vs the same engine with ATOM, same GPU, same run: offline throughput and
+correctness.
 
-    python benchmarks/e2e/bench_offline.py --out results.json [--kv-cache-dtype fp8] qwen3-8b qwen3-30b-a3b
+    python benchmarks/e2e/bench_offline.py --out results.json [--engine sglang] [--kv-cache-dtype fp8] \
+        qwen3-8b qwen3-30b-a3b
 
 For each model shape (benchmarks/models/NAME.json, dummy weights in the checkpoint's format: bf16, or
-its quantization_config's, e.g. block FP8): one native engine (ATOM_DISABLE_VLLM_PLUGIN=1) and one
-ATOM engine, each in a fresh process, with vLLM's defaults (torch.compile + CUDA graphs); each runs
-the correctness probe (64 prompts x 128 greedy tokens, first-step top-20 logprobs) and the throughput
-workload (256 prompts x 1024 in / 128 out). Writes one JSON with both runs (each with the weights'
-memory from vLLM's "Model loading took X GiB" log line), agreement numbers and ratio = ATOM / native,
-and a markdown table.
+its quantization_config's, e.g. block FP8): one native engine (ATOM_DISABLE_VLLM_PLUGIN=1, or
+ATOM_DISABLE_SGLANG_PLUGIN=1) and one ATOM engine, each in a fresh process (engine_run.py for vLLM,
+sglang_run.py for SGLang), with the engine's defaults (vLLM: torch.compile + CUDA graphs; SGLang: CUDA
+graphs, radix cache, chunked prefill); each runs the correctness probe (64 prompts x 128 greedy tokens,
+first-step top-20 logprobs) and the throughput workload (256 prompts x 1024 in / 128 out). Writes one
+JSON with both runs (each with the weights' memory: vLLM's "Model loading took X GiB" log line, SGLang's
+scheduler's own figure), agreement numbers and ratio = ATOM / native, and a markdown table naming the
+engine, its version and which classes and attention served each run.
 """
 
 import argparse
+import importlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
@@ -29,13 +35,31 @@ WEIGHTS_GIB = re.compile(r"Model loading took ([0-9.]+) GiB")
 KERNEL_CHOICE = re.compile(r"Selected \w+ for \w+|Using \w+ Fp8 MoE backend")
 
 
-def run_engine(config: str, atom: bool, out: str, extra: list[str]) -> dict:
+@dataclass(frozen=True)
+class Engine:
+    """A host engine: its name in the report, the script that runs one engine (next to this one), the
+    switch that turns ATOM off for the native run, and the package whose version the report names."""
+
+    name: str
+    script: str
+    disable_switch: str
+    package: str
+
+
+ENGINES = {
+    "vllm": Engine("vLLM", "engine_run.py", "ATOM_DISABLE_VLLM_PLUGIN", "vllm"),
+    "sglang": Engine("SGLang", "sglang_run.py", "ATOM_DISABLE_SGLANG_PLUGIN", "sglang"),
+}
+
+
+def run_engine(config: str, atom: bool, out: str, extra: list[str], engine: str = "vllm") -> dict:
+    switch = ENGINES[engine].disable_switch
     env = {**os.environ}
     if atom:
-        env.pop("ATOM_DISABLE_VLLM_PLUGIN", None)
+        env.pop(switch, None)
     else:
-        env["ATOM_DISABLE_VLLM_PLUGIN"] = "1"
-    cmd = [sys.executable, os.path.join(HERE, "engine_run.py"), "--config", config, "--out", out, *extra]
+        env[switch] = "1"
+    cmd = [sys.executable, os.path.join(HERE, ENGINES[engine].script), "--config", config, "--out", out, *extra]
     log_path = out + ".log"
     with open(log_path, "w") as log:
         try:
@@ -48,15 +72,16 @@ def run_engine(config: str, atom: bool, out: str, extra: list[str]) -> dict:
 
 
 def read_run(out: str, error: str | None = None) -> dict:
-    """One engine run's result (``out``, written by engine_run.py) with what its log (``out`` +
-    ".log") says: weights memory, ATOM's lines, vLLM's kernel choices."""
+    """One engine run's result (``out``, written by engine_run.py or sglang_run.py) with what its log
+    (``out`` + ".log") says: weights memory (vLLM), ATOM's lines, vLLM's kernel choices."""
     log_text = open(out + ".log").read()
     loaded = WEIGHTS_GIB.search(log_text)
     weights_gib = float(loaded.group(1)) if loaded else None
     if error or not os.path.exists(out):
         return {"error": error or "no result", "weights_gib": weights_gib, "log_tail": log_text[-4000:]}
     result = json.load(open(out))
-    result["weights_gib"] = weights_gib
+    # sglang_run.py records the weights' memory itself (SGLang logs it only at log level info).
+    result.setdefault("weights_gib", weights_gib)
     lines = log_text.splitlines(keepends=True)
     result["atom_log_lines"] = [line for line in lines if "INFO atom:" in line][:40]
     result["vllm_kernel_lines"] = [line for line in lines if KERNEL_CHOICE.search(line)][:20]
@@ -100,10 +125,32 @@ def gib(run: dict) -> str:
     return f"{run['weights_gib']:.2f}" if run.get("weights_gib") is not None else "?"
 
 
+def workload_line(report: dict) -> str:
+    """The throughput workload as the runs recorded it."""
+    runs = [run for entry in report["models"].values() for run in (entry["native"], entry["atom"])
+            if "throughput" in run]
+    if not runs:
+        return "No throughput run"
+    workload = runs[0]["throughput"]
+    return (f"{workload['prompts']} prompts x {workload['input_len']} random input tokens, "
+            f"{workload['output_len']} greedy output tokens")
+
+
+def served_by_lines(report: dict) -> list[str]:
+    """Per run, which classes and attention served it (the engine script's ``served_by``)."""
+    lines = []
+    for name, entry in report["models"].items():
+        for mode in ("native", "atom"):
+            served = entry[mode].get("served_by") or {}
+            lines.append(f"- {name}, {mode}: " + ", ".join(f"{k} `{v}`" for k, v in served.items() if v))
+    return lines
+
+
 def markdown(report: dict) -> str:
-    lines = [f"# Offline throughput on {report['device']} (vLLM {report['vllm']}, torch {report['torch']})", "",
-             "256 prompts x 1024 random input tokens, 128 greedy output tokens, dummy weights, "
-             f"KV cache dtype {report['kv_cache_dtype']}.", "",
+    engine = report["engine"]
+    lines = [f"# Offline throughput on {report['device']} ({ENGINES[engine].name} {report[engine]}, "
+             f"torch {report['torch']})", "",
+             f"{workload_line(report)}, dummy weights, KV cache dtype {report['kv_cache_dtype']}.", "",
              "| model | weights | weights GiB native / ATOM | native out tok/s | ATOM out tok/s | ATOM / native | "
              "identical sequences | first-step logprob max diff |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in report["models"].items():
@@ -117,36 +164,40 @@ def markdown(report: dict) -> str:
             f"{entry['atom']['throughput']['output_tok_s']:.0f} | {entry['ratio']['output_tok_s']:.2f} | "
             f"{agreement['identical_sequences']}/{agreement['prompts']} x {agreement['tokens_per_prompt']} tokens | "
             f"{agreement['first_step_top20_logprob_max_abs_diff']:.1e} |")
+    lines += ["", "Served by:", "", *served_by_lines(report)]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("models", nargs="+")
+    parser.add_argument("models", nargs="+", help="NAME (models/NAME.json) or the path of a config.json")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--extra", default="", help="extra engine_run.py arguments")
-    parser.add_argument("--kv-cache-dtype", default="auto", help="LLM(kv_cache_dtype=...) for both engines")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
+    parser.add_argument("--extra", default="", help="extra arguments of engine_run.py or sglang_run.py")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="kv_cache_dtype of both engines (vLLM: fp8, ...; SGLang: fp8_e4m3, ...)")
     parser.add_argument("--runs-dir", default=None,
                         help="assemble the report from engine runs already made (run-NAME-{native,atom}.json "
                              "and .log in this folder, e.g. one engine per call on a time-limited machine)")
     args = parser.parse_args()
     import torch
-    import vllm
 
+    version = importlib.import_module(ENGINES[args.engine].package).__version__
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else os.environ.get("ATOM_BENCH_DEVICE", "?")
-    report = {"device": device, "vllm": vllm.__version__, "torch": torch.__version__,
+    report = {"device": device, "engine": args.engine, args.engine: version, "torch": torch.__version__,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "kv_cache_dtype": args.kv_cache_dtype, "models": {}}
     workdir = os.path.dirname(os.path.abspath(args.out))
     extra = ["--kv-cache-dtype", args.kv_cache_dtype, *args.extra.split()]
-    for name in args.models:
-        config = os.path.join(MODELS, f"{name}.json")
+    for model in args.models:
+        config = model if model.endswith(".json") else os.path.join(MODELS, f"{model}.json")
+        name = os.path.splitext(os.path.basename(config))[0]
         runs = {}
         for mode in ("native", "atom"):
             if args.runs_dir:
                 runs[mode] = read_run(os.path.join(args.runs_dir, f"run-{name}-{mode}.json"))
             else:
                 runs[mode] = run_engine(config, mode == "atom", os.path.join(workdir, f"run-{name}-{mode}.json"),
-                                        extra)
+                                        extra, args.engine)
             print(name, mode, {k: v for k, v in runs[mode].items() if k in ("throughput", "weights_gib", "error")},
                   flush=True)
         entry = {"weights": weights_label(json.load(open(config))), "native": runs["native"], "atom": runs["atom"]}

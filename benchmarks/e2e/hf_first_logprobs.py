@@ -12,7 +12,7 @@ import argparse
 import json
 
 import torch
-from engine_run import random_prompts
+from offline_workload import correctness_prompts
 
 
 def hf_first_logprobs(checkpoint: str, prompts: list[list[int]]) -> list[dict[int, float]]:
@@ -54,7 +54,7 @@ def main() -> None:
     runs = {path: json.load(open(path)) for path in args.runs}
     count = len(next(iter(runs.values()))["correctness"]["first_logprobs"])
     vocab = json.load(open(f"{args.checkpoint}/config.json"))["vocab_size"]
-    hf = hf_first_logprobs(args.checkpoint, random_prompts(count, 64, vocab, seed=1))
+    hf = hf_first_logprobs(args.checkpoint, correctness_prompts(count, vocab))
     report = {path: {"atom_disabled": run["atom_disabled"], **compare(run["correctness"]["first_logprobs"], hf)}
               for path, run in runs.items()}
     json.dump(report, open(args.out, "w"), indent=1)

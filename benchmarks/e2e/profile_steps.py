@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_run import random_prompts  # noqa: E402
+from offline_workload import random_prompts  # noqa: E402
 
 from atom_vllm.served_by import describe_served_model  # noqa: E402
 

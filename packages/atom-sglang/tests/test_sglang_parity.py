@@ -18,6 +18,7 @@ from conftest import TINY_OVERRIDES, atom_only_architectures, parity_architectur
 from sglang_testing import run_sglang
 
 from atom_core.testing.reference import hf_greedy
+from atom_sglang.served_by import describe_served_model
 
 pytestmark = pytest.mark.sglang
 
@@ -73,9 +74,15 @@ def tokens_of(result: dict) -> list[list[int]]:
     return [o["tokens"] for phase in result["phases"] for o in phase]
 
 
+def served_by(result: dict) -> dict:
+    """What the benchmarks record (sglang_run.py); the runner's result carries the attention backend."""
+    return describe_served_model(result["log"], result)
+
+
 def assert_atom_model_served(result: dict, architecture: str) -> None:
-    assert f" for {architecture} in SGLang" in result["log"]
-    assert "INFO atom: Use ATOM model atom_core.models." in result["log"]
+    served = served_by(result)
+    assert served["architecture"] == architecture
+    assert served["atom_model"].startswith("atom_core.models.")
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
@@ -94,6 +101,7 @@ def test_atom_matches_hf_with_radix_cache(runs, expected, architecture):
 def test_native_sglang_matches_hf(runs, expected, architecture):
     result = runs["native"][architecture]
     assert "INFO atom:" not in result["log"]
+    assert served_by(result)["atom_model"] is None
     assert result["attention_backend"] == "torch_native"
     assert tokens_of(result) == expected[architecture]
     cached = [o["cached_tokens"] for o in result["phases"][1]]

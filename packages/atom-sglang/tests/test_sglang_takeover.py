@@ -7,6 +7,8 @@ greedy tokens equal SGLang alone's. Here: a Llama with dynamic rope scaling, whi
 import pytest
 from sglang_testing import run_sglang
 
+from atom_sglang.served_by import describe_served_model
+
 pytestmark = pytest.mark.sglang
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 40))]
@@ -18,8 +20,9 @@ def test_dynamic_rope_is_served_by_sglang_as_without_atom(tiny_model_dir):
                            rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
     runs = [{"model": model, "phases": [PROMPTS], "max_tokens": 12}]
     [[with_atom], [alone]] = run_sglang((runs, {}), (runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
-    assert ("INFO atom: ATOM hands LlamaForCausalLM back to SGLang: rope type 'dynamic' is not supported"
-            in with_atom["log"])
-    assert "Use ATOM model" not in with_atom["log"]
+    served = describe_served_model(with_atom["log"], with_atom)
+    assert served["architecture"] == "LlamaForCausalLM"
+    assert served["handed_back"].startswith("rope type 'dynamic' is not supported")
+    assert served["atom_model"] is None
     assert with_atom["attention_backend"] == alone["attention_backend"] != "atom"
     assert with_atom["phases"] == alone["phases"]

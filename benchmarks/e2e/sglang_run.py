@@ -1,0 +1,123 @@
+"""One SGLang offline engine (``sglang.Engine``) in this process: engine_run.py's workload and result
+keys, for SGLang.
+
+Run in a fresh process per configuration (SGLang loads plugins and reads ATOM_* switches once per process):
+    python sglang_run.py (--config CONFIG.json | --checkpoint DIR) --out RESULT.json [--eager]
+        [--correctness N,L] [--throughput N,IN,OUT] [--kv-cache-dtype auto|fp8_e4m3|...]
+        [--engine-arg KEY=VALUE ...]
+ATOM_DISABLE_SGLANG_PLUGIN=1 runs SGLang without ATOM (native). Otherwise SGLang's defaults: CUDA
+graphs (``--eager``: disable_cuda_graph), radix cache, chunked prefill, its default attention backend
+(ATOM's ``atom`` backend where ATOM serves the model). ``--engine-arg`` passes any further
+``sglang.Engine`` argument, its value read as JSON where it parses (``mem_fraction_static=0.8``,
+``disable_radix_cache=true``) and as a string otherwise (``device=cpu``).
+
+The same random prompts as engine_run.py (offline_workload.py). No tokenizer: the engine takes and
+returns token ids (``skip_tokenizer_init``). Dummy weights as SGLang's dummy loader draws them: from
+one seed per parameter, so they depend only on its size and dtype, and native and ATOM see the same.
+
+``served_by`` (atom_sglang.served_by): SGLang builds the model in its scheduler process, which this
+process cannot reach; ATOM's log lines from there say which model class served, so this script keeps a
+copy of its stderr, which the scheduler inherits. ``weights_gib``: the scheduler's own figure (the
+device memory loading the weights took; on CPU, a difference of free system memory, meaningless).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from offline_workload import (
+    add_workload_arguments,
+    correctness_prompts,
+    measure_throughput,
+    model_dir,
+    run_header,
+    write_result,
+)
+
+from atom_sglang import envs
+from atom_sglang.served_by import describe_served_model
+
+TOP_LOGPROBS = 20
+
+
+def engine_arg(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def copy_stderr() -> str:
+    """From now on, what this process and the processes it starts write to stderr also goes to a file,
+    whose path is returned. ``tee`` does the copying rather than a thread here, so that a traceback
+    written as this process dies still reaches both."""
+    fd, path = tempfile.mkstemp(prefix="sglang-run-", suffix=".log")
+    os.close(fd)
+    sys.stderr.flush()
+    tee = subprocess.Popen(["tee", path], stdin=subprocess.PIPE, stdout=sys.stderr.fileno())
+    os.dup2(tee.stdin.fileno(), sys.stderr.fileno())
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    add_workload_arguments(parser)
+    parser.add_argument("--engine-arg", action="append", default=[], type=engine_arg, metavar="KEY=VALUE",
+                        help="a further sglang.Engine argument (repeatable), e.g. device=cpu")
+    args = parser.parse_args()
+    log_path = copy_stderr()
+
+    import sglang
+
+    path, load_format, config = model_dir(args)
+    vocab = config["vocab_size"]
+    start = time.perf_counter()
+    engine = sglang.Engine(**{
+        "model_path": path, "load_format": load_format, "skip_tokenizer_init": True, "dtype": "bfloat16",
+        "context_length": args.max_model_len, "disable_cuda_graph": args.eager, "random_seed": 0,
+        "kv_cache_dtype": args.kv_cache_dtype, **dict(args.engine_arg)})
+    engine_start_s = time.perf_counter() - start
+    try:
+        measured = measure(engine, args, vocab)
+        scheduler = engine.get_server_info()["internal_states"][0]
+    finally:
+        engine.shutdown()
+    # The scheduler wrote ATOM's lines while it built the model, long before: tee has copied them.
+    with open(log_path, errors="replace") as log:
+        served_by = describe_served_model(log.read(), scheduler)
+    os.unlink(log_path)
+    result = run_header(args, "sglang", envs.plugin_disabled(), engine_start_s, served_by)
+    write_result({**result, "weights_gib": float(scheduler["memory_usage"]["weight"]), **measured}, args.out)
+
+
+def measure(engine, args: argparse.Namespace, vocab: int) -> dict:
+    """The correctness probe and the throughput workload, as engine_run.py runs them."""
+    def generate(prompts: list[list[int]], max_tokens: int, **logprobs) -> list[dict]:
+        params = {"temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}
+        return engine.generate(input_ids=prompts, sampling_params=params, **logprobs)
+
+    measured = {}
+    if args.correctness:
+        count, new_tokens = map(int, args.correctness.split(","))
+        outputs = generate(correctness_prompts(count, vocab), new_tokens, return_logprob=True,
+                           top_logprobs_num=TOP_LOGPROBS)
+        measured["correctness"] = {
+            "tokens": [o["output_ids"] for o in outputs],
+            # First generated position: top-20 logprobs by token id (SGLang gives (logprob, id, text)).
+            "first_logprobs": [{str(token): logprob for logprob, token, _ in o["meta_info"]["output_top_logprobs"][0]}
+                               for o in outputs],
+        }
+    if args.throughput:
+        measured["throughput"] = measure_throughput(
+            lambda prompts, max_tokens: sum(len(o["output_ids"]) for o in generate(prompts, max_tokens)),
+            args.throughput, vocab)
+    return measured
+
+
+if __name__ == "__main__":
+    main()
