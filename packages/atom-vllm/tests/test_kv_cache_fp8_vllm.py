@@ -82,7 +82,7 @@ def test_compressed_tensors_kv_cache_scheme(tiny_model_dir, tmp_path):
     kwargs = {"dtype": "float32", "kv_cache_dtype": "auto", **CHUNKED}
     result = run_vllm(model, phases, MAX_TOKENS, llm_kwargs=kwargs, prompt_logprobs=True)
     assert_atom_served(result)
-    assert served_kv_scales(result) == pytest.approx(KV_SCALES)
+    assert served_kv_scales(result) == [pytest.approx(pair) for pair in KV_SCALES]
     with fp8_kv_cache_semantics(CHUNK):
         unscaled_reference = atom_logits(model)
     with fp8_kv_cache_semantics(CHUNK, KV_SCALES):
@@ -105,11 +105,16 @@ FP8_KV_SCALE_CELLS = {
 }
 
 
+def in_bf16(value: float) -> float:
+    return torch.tensor(value).to(torch.bfloat16).item()
+
+
 @pytest.mark.parametrize("cell", FP8_KV_SCALE_CELLS)
 def test_fp8_checkpoint_kv_scales(tiny_model_dir, tmp_path, cell):
     """``quant_method: fp8`` checkpoints with KV scales, in bfloat16: the scales vLLM's attention
-    layers apply are the checkpoint's (the legacy ``kv_scale`` for K and V), and none without an
-    FP8 cache, whose output then is the model's own. (In bfloat16, rounding differences before the
+    layers apply are the checkpoint's (the legacy ``kv_scale`` for K and V) rounded to bfloat16, as
+    vLLM rounds them for its own models (its scale parameters take the model dtype), and none
+    without an FP8 cache, whose output then is the model's own. (In bfloat16, rounding differences before the
     e4m3 rounding of K/V move log-probabilities by ~0.3 either way, too much to tell the scales
     apart by output: the float32 compressed-tensors test above checks the arithmetic.)"""
     layout, kv_cache_dtype, applied = FP8_KV_SCALE_CELLS[cell]
@@ -120,7 +125,7 @@ def test_fp8_checkpoint_kv_scales(tiny_model_dir, tmp_path, cell):
     kwargs = {"dtype": "bfloat16", "kv_cache_dtype": kv_cache_dtype}
     result = run_vllm(model, [phase], MAX_TOKENS, llm_kwargs=kwargs, prompt_logprobs=kv_cache_dtype == "auto")
     assert_atom_served(result)
-    assert served_kv_scales(result) == pytest.approx(applied)
+    assert served_kv_scales(result) == [(in_bf16(k), in_bf16(v)) for k, v in applied]
     if kv_cache_dtype == "auto":
         error = worst_prompt_logprob_diff(result["phases"][0], phase, atom_logits(model, torch.bfloat16))
         assert error < TOLERANCE

@@ -4,11 +4,11 @@ cache divides K / V by on write and multiplies back on read.
 The checkpoint names ATOM reads (as vLLM 0.26 does, ``maybe_remap_kv_scale_name``) map onto the
 ``k_scale`` / ``v_scale`` parameters of the layer's ``self_attn.attn`` (atom_core.layers.attention):
 
-| checkpoint tensor (per layer ``model.layers.N``) | written by | ATOM parameter |
+| checkpoint tensors (``model.layers.N.``...) | written by | ATOM parameter (``self_attn.attn.``) |
 |---|---|---|
-| ``self_attn.k_scale``, ``self_attn.v_scale`` | compressed-tensors ``kv_cache_scheme`` | ``self_attn.attn.k_scale`` / ``v_scale`` |
-| ``self_attn.k_proj.k_scale``, ``self_attn.v_proj.v_scale`` | older ``quant_method: fp8`` checkpoints | the same |
-| ``self_attn.kv_scale`` | legacy: one scale for both | ``self_attn.attn.k_scale``; the host copies it to V |
+| ``self_attn.k_scale``, ``self_attn.v_scale`` | compressed-tensors ``kv_cache_scheme`` | ``k_scale``, ``v_scale`` |
+| ``self_attn.k_proj.k_scale``, ``self_attn.v_proj.v_scale`` | older ``fp8`` checkpoints | the same |
+| ``self_attn.kv_scale`` | legacy: one for K and V | ``k_scale``; the host copies it to V |
 
 compressed-tensors zero points (``self_attn.k_zero_point``; symmetric schemes only, so zero) are
 skipped, as vLLM skips them. Query and probability scales (``q_scale``, ``prob_scale``) quantize
