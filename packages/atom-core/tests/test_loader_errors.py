@@ -1,5 +1,7 @@
 """A malformed checkpoint fails loading with an error naming the offending tensor."""
 
+import re
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -71,4 +73,38 @@ def test_complete_checkpoint_loads_every_parameter(tiny_model_dir):
         param.data.fill_(float("nan"))
     loaded = model.load_weights(iter_safetensors(model_dir))
     assert loaded == {name for name, _ in model.named_parameters()}
-    assert not any(torch.isnan(p).any() for p in model.parameters())
+    # KV-cache scales are optional (expect no shard): this checkpoint has none.
+    assert not any(torch.isnan(p).any() for p in model.parameters() if p.expected_shards)
+
+
+@pytest.mark.parametrize("names,loaded", [
+    (("self_attn.k_scale", "self_attn.v_scale"), (0.5, 0.25)),
+    (("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"), (0.5, 0.25)),
+    (("self_attn.kv_scale",), (0.5, -1.0)),  # legacy: the host copies K's scale to V
+], ids=["compressed-tensors", "fp8-proj", "legacy"])
+def test_kv_cache_scales_load_into_the_attention_layer(tiny_model_dir, names, loaded):
+    model_dir = tiny_model_dir("Qwen3ForCausalLM")
+    weights = checkpoint(model_dir)
+    for name, value in zip(names, (0.5, 0.25)):
+        weights[f"model.layers.1.{name}"] = torch.tensor(value)
+    weights["model.layers.1.self_attn.k_zero_point"] = torch.zeros(1)  # compressed-tensors, unused
+    model = fresh_model(model_dir)
+    model.load_weights(weights.items())
+    attn = model.model.layers[1].self_attn.attn
+    assert (attn.k_scale.item(), attn.v_scale.item()) == loaded
+    assert model.model.layers[0].self_attn.attn.k_scale.item() == -1.0  # none in the checkpoint
+
+
+@pytest.mark.parametrize("name,tensor,reason", [
+    ("model.layers.0.self_attn.k_scale", torch.full((2,), 0.5), "one value per layer, got shape (2,)"),
+    ("model.layers.2.self_attn.v_proj.v_scale", torch.tensor(0.0), "must be positive and finite, got 0.0"),
+    ("model.layers.1.self_attn.kv_scale", torch.tensor(-0.5), "must be positive and finite, got -0.5"),
+    ("model.layers.1.self_attn.k_scale", torch.tensor(float("nan")), "must be positive and finite"),
+    ("model.layers.0.self_attn.q_scale", torch.tensor(0.5), "scales FP8 attention math"),
+    ("model.layers.0.self_attn.prob_scale", torch.tensor(0.5), "scales FP8 attention math"),
+])
+def test_malformed_kv_cache_scale_is_named(tiny_model_dir, name, tensor, reason):
+    model_dir = tiny_model_dir("Qwen3ForCausalLM")
+    weights = {**checkpoint(model_dir), name: tensor}
+    with pytest.raises(CheckpointError, match=f"'{re.escape(name)}'.*{re.escape(reason)}"):
+        fresh_model(model_dir).load_weights(weights.items())

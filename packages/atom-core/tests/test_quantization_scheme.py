@@ -2,6 +2,7 @@
 drives: what ATOM serves, and the reason for what it hands back."""
 
 import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ from atom_core.quantization import Fp8Scheme, Mxfp4Scheme, UnsupportedQuantizati
 
 FP8 = {"quant_method": "fp8", "fmt": "e4m3"}
 FLOAT8 = {"num_bits": 8, "type": "float", "symmetric": True}
+KV_CACHE_SCHEME = {**FLOAT8, "strategy": "tensor", "dynamic": False}  # as llm-compressor writes it
 
 
 def compressed_tensors(weights: dict, inputs: dict | None, **extra) -> dict:
@@ -57,13 +59,26 @@ def test_served_schemes(quantization, scheme):
     (compressed_tensors({"strategy": "channel", "num_bits": 4, "type": "int"},
                         {"strategy": "token", "dynamic": True}), "only symmetric 8-bit float"),
     (compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True},
-                        kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
+                        kv_cache_scheme={**KV_CACHE_SCHEME, "strategy": "attn_head"}),
+     "kv_cache_scheme with {'strategy': 'attn_head'} is not supported"),
+    (compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True},
+                        kv_cache_scheme={**KV_CACHE_SCHEME, "dynamic": True}),
+     "kv_cache_scheme with {'dynamic': True} is not supported"),
+    (compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True},
+                        kv_cache_scheme={**KV_CACHE_SCHEME, "num_bits": 4, "type": "int"}),
+     "kv_cache_scheme with {'num_bits': 4, 'type': 'int'} is not supported"),
     ({**compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True}),
       "format": "pack-quantized"}, "format 'pack-quantized' is not supported"),
 ])
 def test_unsupported_schemes_name_the_reason(quantization, reason):
-    with pytest.raises(UnsupportedQuantization, match=reason.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(UnsupportedQuantization, match=re.escape(reason)):
         parse(quantization)
+
+
+def test_kv_cache_scheme_declares_per_layer_scales():
+    dynamic = compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True})
+    assert parse({**dynamic, "kv_cache_scheme": KV_CACHE_SCHEME}).kv_cache_scales
+    assert not parse(dynamic).kv_cache_scales
 
 
 # gpt-oss-20b / 120b's quantization_config as published.
@@ -150,6 +165,15 @@ def test_mxfp4_is_served_only_when_asked(monkeypatch):
     assert decide_takeover(model).reasons == (MXFP4_OPT_IN_REASON,)
     monkeypatch.setenv("ATOM_SERVE_MXFP4", "1")
     assert decide_takeover(model).atom_serves
+
+
+def test_kv_cache_scales_of_mla_models_are_handed_back():
+    quantization = {**compressed_tensors({"strategy": "channel"}, {"strategy": "token", "dynamic": True}),
+                    "kv_cache_scheme": KV_CACHE_SCHEME}
+    assert decide_takeover(hosted(quantization, "compressed-tensors")).atom_serves
+    mla = dataclasses.replace(hosted(quantization, "compressed-tensors", kv_lora_rank=512),
+                              architecture="DeepseekV3ForCausalLM")
+    assert decide_takeover(mla).reasons == ("KV-cache scales of MLA models are not supported",)
 
 
 def test_static_activation_scales_on_experts_are_handed_back():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from sglang_testing import run_sglang
 
-from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
+from atom_core.testing.fp8_checkpoints import add_kv_cache_scales, write_tiny_fp8_checkpoint
 from atom_core.testing.reference import atom_greedy, fp8_kv_cache_semantics
 
 pytestmark = pytest.mark.sglang
@@ -69,3 +69,20 @@ def test_fp8_kv_cache_served_by_atom(tiny_model_dir):
             expected += atom_greedy(model, [prompt], MAX_TOKENS)
     assert [o["tokens"] for o in result["phases"][0]] == expected
     assert expected != atom_greedy(model, PROMPTS, MAX_TOKENS), "the FP8 cache changed no token"
+
+
+KV_SCALES = [(0.0081, 0.0094), (0.0085, 0.0102), (0.0079, 0.0097)]
+
+
+def test_compressed_tensors_kv_scales_are_left_to_sglang(tiny_model_dir, tmp_path):
+    """SGLang reads no compressed-tensors KV-cache scales (atom_sglang.config_translation)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs
+
+    from atom_sglang.config_translation import CT_KV_SCALES_REASON, takeover_decision
+
+    model = add_kv_cache_scales(
+        write_tiny_fp8_checkpoint(tiny_model_dir, "Qwen3ForCausalLM", str(tmp_path / "ct"), "ct-channel"),
+        KV_SCALES, "compressed-tensors")
+    server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
+    assert takeover_decision(server_args, ModelConfig.from_server_args(server_args)).reasons == (CT_KV_SCALES_REASON,)

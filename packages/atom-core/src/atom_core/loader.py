@@ -2,7 +2,10 @@
 
 Every checkpoint tensor must map to a parameter (else :class:`CheckpointError` naming the tensor),
 and every parameter shard must be filled (else an error naming the checkpoint tensor that was
-expected). Parameters declare their shards through ``expected_shards`` (see layers.linear).
+expected). ATOM's parameters declare their shards through ``expected_shards`` (see layers.linear);
+others under the model belong to the host's layers (vLLM's KV-scale parameters on its attention)
+and are not ATOM's to fill. Once every tensor is in, each module's ``after_loading()`` runs, if it
+has one (atom_core.layers.attention hands KV-cache scales to the host there).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from atom_core.quantization.kv_cache import KV_ZERO_POINT, kv_scale_param_name
 
 
 class CheckpointError(ValueError):
@@ -59,11 +64,14 @@ class WeightMap:
     ignored: list[str] = field(default_factory=list)
 
     def is_ignored(self, name: str) -> bool:
-        return any(re.fullmatch(pattern, name) for pattern in self.ignored)
+        return any(re.fullmatch(pattern, name) for pattern in (*self.ignored, KV_ZERO_POINT))
 
     def to_param(self, name: str) -> tuple[str, Any]:
         """(parameter name, shard id) of a checkpoint tensor name."""
         name = ".".join(self.renamed.get(part, part) for part in name.split("."))
+        kv_scale = kv_scale_param_name(name)
+        if kv_scale is not None:
+            return kv_scale, None
         if self.experts is not None:
             e = self.experts
             match = re.fullmatch(
@@ -109,12 +117,15 @@ def load_weights(
     model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], weight_map: WeightMap
 ) -> set[str]:
     """Load HF-named tensors into ``model``; returns the names of all loaded parameters."""
-    params = dict(model.named_parameters())
+    params = {name: p for name, p in model.named_parameters() if hasattr(p, "expected_shards")}
     filled: dict[str, set[Any]] = {name: set() for name in params}
     for name, tensor in weights:
         if weight_map.is_ignored(name):
             continue
-        param_name, shard = weight_map.to_param(name)
+        try:
+            param_name, shard = weight_map.to_param(name)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from exc
         param = params.get(param_name)
         if param is None:
             raise CheckpointError(f"checkpoint tensor {name!r} does not match any ATOM parameter")
@@ -133,6 +144,10 @@ def load_weights(
             names = ", ".join(repr(weight_map.to_checkpoint(param_name, s)) for s in missing[:4])
             more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
             raise CheckpointError(f"checkpoint is missing tensor {names}{more}")
+    for module in model.modules():
+        after_loading = getattr(module, "after_loading", None)
+        if after_loading is not None:
+            after_loading()
     return set(params)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from atom_core.config import Config
 from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, HostedModel, TakeoverDecision, decide_takeover
+from atom_core.quantization import quant_config_from_hf
 
 
 def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel:
@@ -54,9 +55,18 @@ FP8_MLA_REASON = "FP8 MLA models on SGLang are not verified yet"
 FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang is not verified yet"
 
 
+# SGLang 0.5.17's compressed-tensors config gives RadixAttention no KV-cache method: its own models
+# drop a kv_cache_scheme's scales (and keep --kv-cache-dtype as given). ATOM would apply them, so
+# SGLang serves such checkpoints itself.
+CT_KV_SCALES_REASON = "compressed-tensors KV-cache scales are not read by SGLang"
+
+
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
+    checkpoint = quant_config_from_hf(model.hf_config) if decision.atom_serves else None
+    if checkpoint is not None and checkpoint.kv_cache_scales:
+        return dataclasses.replace(decision, reasons=(CT_KV_SCALES_REASON,))
     mla = getattr(model.hf_config, "kv_lora_rank", None) is not None
     if not (decision.atom_serves and mla):
         return decision

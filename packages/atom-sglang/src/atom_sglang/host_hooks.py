@@ -70,6 +70,20 @@ class RadixAttentionImpl(nn.Module):
         extra = {} if self.spec.sinks is None else {"sinks": self.spec.sinks}
         return self.attn(q, k, v, current_forward_batch(), **extra)
 
+    def load_kv_cache_scales(self, **scales: torch.Tensor) -> None:
+        """The checkpoint's scales (atom_core.layers.attention; compressed-tensors ones are handed
+        back, atom_sglang.config_translation), applied by SGLang's own KV-cache method as SGLang's
+        Llama applies an ``fp8`` checkpoint's: a legacy ``kv_scale`` serves V too, FNUZ platforms
+        double them. SGLang's FP8 pools read them; other pools ignore them."""
+        from sglang.srt.layers.quantization.kv_cache import BaseKVCacheMethod
+
+        method = BaseKVCacheMethod(None)
+        with torch.device(next(iter(scales.values())).device):
+            method.create_weights(self.attn)
+        for name, scale in scales.items():
+            getattr(self.attn, name).data.copy_(scale.reshape(()))
+        method.process_weights_after_loading(self.attn)
+
 
 class RadixLatentAttentionImpl(nn.Module):
     """ATOM's MLA over SGLang's MLA KV pool, in the absorbed form for every batch: one shared

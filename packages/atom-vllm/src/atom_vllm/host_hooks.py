@@ -48,21 +48,36 @@ def vllm_attention_class() -> type[nn.Module]:
             )
             return out
 
+        def load_kv_cache_scales(self, **scales: torch.Tensor) -> None:
+            """The checkpoint's scales (atom_core.layers.attention) into the ``k_scale`` / ``v_scale``
+            parameters vLLM's KV-cache method of the checkpoint's quantization put on this layer;
+            vLLM's post-load step then applies them as for its own models. Without such a method
+            (an unquantized or MXFP4 checkpoint) vLLM would not load them either."""
+            for name, scale in scales.items():
+                host_scale = getattr(self, name, None)
+                if host_scale is not None:
+                    host_scale.data.copy_(scale.reshape(host_scale.shape))
+
     return ATOMVllmAttention
 
 
 def vllm_attention(spec: AttentionSpec) -> nn.Module:
     """A vLLM ``Attention`` layer: vLLM binds its KV cache and builds its metadata; the backend
-    (ATOM's unless disabled) comes from ATOMPlatform.get_attn_backend_cls."""
+    (ATOM's unless disabled) comes from ATOMPlatform.get_attn_backend_cls. It gets the checkpoint's
+    quantization config as vLLM's models give it: vLLM's KV-cache method then treats the checkpoint's
+    KV scales (and a compressed-tensors ``kv_cache_scheme`` under ``--kv-cache-dtype auto``) as for
+    its own models."""
     from vllm.config import get_current_vllm_config
 
+    vllm_config = get_current_vllm_config()
     extra = {} if spec.sinks is None else {"sinks": spec.sinks}
     return vllm_attention_class()(
         spec.num_heads,
         spec.head_size,
         spec.scale,
         num_kv_heads=spec.num_kv_heads,
-        cache_config=get_current_vllm_config().cache_config,
+        cache_config=vllm_config.cache_config,
+        quant_config=vllm_config.quant_config,
         per_layer_sliding_window=spec.sliding_window,
         prefix=spec.prefix,
         **extra,

@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | a scheme atom_core.quantization does not serve; online (``quantization="fp8"``); MXFP4 (opt-in) |
+| quantization | a scheme atom_core.quantization does not serve; online FP8; MXFP4 (opt-in); MLA KV scales |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
@@ -102,6 +102,8 @@ def _quantization(model: HostedModel) -> str | None:
         if not envs.serve_mxfp4():
             return MXFP4_OPT_IN_REASON
         return None
+    if checkpoint.kv_cache_scales and getattr(model.hf_config, "kv_lora_rank", None) is not None:
+        return "KV-cache scales of MLA models are not supported"
     has_experts = any(getattr(model.hf_config, key, None) for key in _EXPERT_COUNT_KEYS)
     if checkpoint.scheme.static_input and has_experts:
         return "static FP8 activation scales on MoE experts are not supported"

@@ -9,6 +9,12 @@ host integration through :func:`set_attention_factory`:
 - Standalone (tests, HF parity): causal attention over the sequences of the batch given by
   :func:`standalone_batch`, without a KV cache.
 
+A checkpoint's per-layer KV-cache scales (atom_core.quantization.kv_cache) load into the layer's
+``k_scale`` / ``v_scale`` (-1 where the checkpoint has none); after loading, the layer hands those it
+got to a module whose class defines ``load_kv_cache_scales(k_scale=..., v_scale=...)``, the hosts'
+attention, which applies them as the host applies its own models' scales. The standalone attention
+keeps no cache and needs none.
+
 Under torch.compile the layer calls the custom op ``torch.ops.atom.unified_attention``, which finds
 its layer by name and writes into an output buffer allocated inside the graph: ATOM's compile backend
 splits the graph at this op, and a host replaying the pieces as CUDA graphs sees stable addresses.
@@ -24,6 +30,8 @@ import torch
 from torch import nn
 
 import atom_kernels
+from atom_core.layers.linear import make_param
+from atom_core.quantization.kv_cache import kv_scale_loader
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,13 @@ def _unified_attention_fake(q, k, v, output, layer_name) -> None:
 torch.ops.atom.unified_attention.atom_splitting_op = True
 
 
+def _absent_kv_scale() -> nn.Parameter:
+    """A KV-cache scale the checkpoint may fill (loaded values are positive; see the loader)."""
+    scale = make_param((), kv_scale_loader, expected_shards=(), dtype=torch.float32)
+    scale.data.fill_(-1.0)
+    return scale
+
+
 class Attention(nn.Module):
     def __init__(self, spec: AttentionSpec):
         super().__init__()
@@ -131,6 +146,14 @@ class Attention(nn.Module):
         self.impl = _factory(spec)
         # The latest model built in this process owns the name (tests build several models).
         _layers_by_name[spec.prefix] = self
+        self.k_scale = _absent_kv_scale()
+        self.v_scale = _absent_kv_scale()
+
+    def after_loading(self) -> None:
+        scales = {name: scale.detach() for name, scale in (("k_scale", self.k_scale), ("v_scale", self.v_scale))
+                  if scale.item() > 0}
+        if scales and hasattr(self.impl, "load_kv_cache_scales"):
+            self.impl.load_kv_cache_scales(**scales)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():

@@ -28,7 +28,7 @@ from atom_core.quantization.fp8 import FP8_DTYPE, dequantize_fp8, fp8_linear, we
 
 def make_param(shape: Sequence[int], loader, expected_shards=(None,),
                dtype: torch.dtype | None = None) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+    param = nn.Parameter(torch.empty(tuple(shape), dtype=dtype), requires_grad=False)
     param.weight_loader = loader
     param.expected_shards = tuple(expected_shards)
     return param

@@ -65,12 +65,15 @@ _MODULE_BOUNDARY = r"(?:(?<=\.)|(?=\.|$))"
 class QuantConfig:
     """``method`` as the checkpoint names it, the one scheme of its quantized layers, and the module
     names (or ``re:`` patterns) it leaves unquantized. ``experts_only``: the scheme covers the MoE
-    experts only (MXFP4); every other layer is unquantized."""
+    experts only (MXFP4); every other layer is unquantized. ``kv_cache_scales``: the config declares
+    per-layer KV-cache scales (compressed-tensors ``kv_cache_scheme``; ``fp8`` checkpoints may ship
+    them undeclared, see atom_core.quantization.kv_cache)."""
 
     method: str
     scheme: Fp8Scheme | Mxfp4Scheme
     unquantized: tuple[str, ...] = ()
     experts_only: bool = False
+    kv_cache_scales: bool = False
 
     def _left_unquantized(self, module: str) -> bool:
         for entry in self.unquantized:
@@ -173,9 +176,22 @@ def _compressed_tensors(config: Mapping[str, Any]) -> QuantConfig:
     if len(schemes) != 1 or any(group.get("targets") != ["Linear"] for group in groups):
         raise UnsupportedQuantization("compressed-tensors with several schemes or targets other "
                                       "than Linear is not supported")
-    if config.get("kv_cache_scheme"):
-        raise UnsupportedQuantization("compressed-tensors kv_cache_scheme is not supported")
-    return QuantConfig("compressed-tensors", schemes.pop(), _ignored(config, "ignore"))
+    kv_cache_scheme = config.get("kv_cache_scheme")
+    if kv_cache_scheme:
+        _check_kv_cache_scheme(kv_cache_scheme)
+    return QuantConfig("compressed-tensors", schemes.pop(), _ignored(config, "ignore"),
+                       kv_cache_scales=bool(kv_cache_scheme))
+
+
+def _check_kv_cache_scheme(scheme: Mapping[str, Any]) -> None:
+    """ATOM loads one static scale per layer for K and for V (atom_core.quantization.kv_cache)."""
+    served = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    differing = {key: scheme.get(key) for key, value in served.items() if scheme.get(key) != value}
+    if differing:
+        raise UnsupportedQuantization(
+            f"compressed-tensors kv_cache_scheme with {differing} is not supported (only static, "
+            "symmetric 8-bit float scales per tensor)"
+        )
 
 
 def _mxfp4(config: Mapping[str, Any]) -> QuantConfig:

@@ -16,6 +16,9 @@ Every projection weight of the decoder layers (attention, MLP, each expert's, ML
 Static input scales are calibrated: the amax of each layer's input over a few random sequences,
 run through HF transformers on the source checkpoint, over 448.
 
+Per-layer KV-cache scales go into such a checkpoint with :func:`add_kv_cache_scales`, under the names
+of :data:`KV_SCALE_LAYOUTS`.
+
 References for parity tests: :func:`write_dequantized_checkpoint` (the same weights in fp32, no
 quantization) and :func:`fake_quantized_activations` (HF's linear layers and experts see their
 inputs quantized and dequantized as ATOM quantizes them).
@@ -180,6 +183,39 @@ def write_tiny_fp8_checkpoint(tiny_model_dir, architecture: str, out_dir: str, f
 def write_block_fp8_checkpoint(src_dir: str, out_dir: str, block: tuple[int, int] = (128, 128)) -> str:
     """:func:`write_fp8_checkpoint` in the ``fp8-block`` form (square blocks)."""
     return write_fp8_checkpoint(src_dir, out_dir, "fp8-block", block[0])
+
+
+# Where published checkpoints keep each layer's KV-cache scales (atom_core.quantization.kv_cache).
+KV_SCALE_LAYOUTS = {
+    "compressed-tensors": ("self_attn.k_scale", "self_attn.v_scale"),
+    "fp8-proj": ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
+    "legacy": ("self_attn.kv_scale",),  # one scale for K and V
+}
+CT_KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                      "symmetric": True}
+
+
+def add_kv_cache_scales(fp8_dir: str, scales: list[tuple[float, float]], layout: str,
+                        kv_cache_scheme: dict | None = None) -> str:
+    """Add layer i's KV-cache scales ``scales[i] = (k, v)`` to the FP8 checkpoint at ``fp8_dir``
+    (in place) under ``layout``'s names (``legacy``: k's only), shaped ``[1]`` as compressed-tensors
+    writes them, else ``[]``. compressed-tensors checkpoints declare ``kv_cache_scheme`` (default
+    :data:`CT_KV_CACHE_SCHEME`). Returns ``fp8_dir``."""
+    path = os.path.join(fp8_dir, "model.safetensors")
+    tensors = load_file(path)
+    shape = (1,) if layout == "compressed-tensors" else ()
+    for layer, pair in enumerate(scales):
+        for name, value in zip(KV_SCALE_LAYOUTS[layout], pair):
+            tensors[f"model.layers.{layer}.{name}"] = torch.tensor(value, dtype=torch.float32).reshape(shape)
+    save_file(tensors, path, metadata={"format": "pt"})
+    if layout == "compressed-tensors":
+        config_path = os.path.join(fp8_dir, "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        config["quantization_config"]["kv_cache_scheme"] = kv_cache_scheme or CT_KV_CACHE_SCHEME
+        with open(config_path, "w") as f:
+            json.dump(config, f, indent=2)
+    return fp8_dir
 
 
 def write_dequantized_checkpoint(fp8_dir: str, out_dir: str) -> str:

@@ -4,7 +4,7 @@ run standalone (no host engine)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -72,21 +72,26 @@ def prompt_logprobs(logits: torch.Tensor, prompt: list[int]) -> list[float]:
     return logprobs[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
 
 
-def _through_e4m3(x: torch.Tensor) -> torch.Tensor:
+def _through_e4m3(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``x`` as an FP8 cache holds it: divided by ``scale``, saturated, rounded to e4m3, and
+    multiplied back."""
     fp8 = torch.float8_e4m3fn
     fp8_max = torch.finfo(fp8).max
-    return x.float().clamp(-fp8_max, fp8_max).to(fp8).to(x.dtype)
+    return ((x.float() / scale).clamp(-fp8_max, fp8_max).to(fp8).float() * scale).to(x.dtype)
 
 
 @contextlib.contextmanager
-def fp8_kv_cache_semantics(fresh_tokens: int) -> Iterator[None]:
+def fp8_kv_cache_semantics(fresh_tokens: int,
+                           kv_scales: Sequence[tuple[float, float]] | None = None) -> Iterator[None]:
     """ATOM models built inside this block attend as ATOM's host attention does over an FP8 e4m3
-    KV cache with scale 1.0 (the hosts' default).
+    KV cache with, for MHA layer i, K and V scales ``kv_scales[i]`` (a checkpoint's), else 1.0 (the
+    hosts' default).
 
     MHA: in each sequence, the first ``fresh_tokens`` query rows (a first prefill chunk, which
     attends over the fresh K/V) over plain K/V, every later row (a later prefill chunk, a decode
-    step: both read the cache) over all K/V rounded through e4m3. MLA: every row over the latent
-    entries ``[kv_c | rope(k_pe)]`` rounded through e4m3 (its prefill reads the cache too).
+    step: both read the cache) over all K/V rounded through e4m3 at their scales. MLA: every row
+    over the latent entries ``[kv_c | rope(k_pe)]`` rounded through e4m3 (its prefill reads the
+    cache too).
     """
     from atom_core.layers import attention, mla
     from atom_kernels.attention import attend_one_sequence
@@ -97,10 +102,11 @@ def fp8_kv_cache_semantics(fresh_tokens: int) -> Iterator[None]:
             q = q.view(-1, s.num_heads, s.head_size)
             k = k.view(-1, s.num_kv_heads, s.head_size)
             v = v.view(-1, s.num_kv_heads, s.head_size)
+            k_scale, v_scale = (1.0, 1.0) if kv_scales is None else kv_scales[s.layer_id]
             fresh = attend_one_sequence(q[:fresh_tokens], k[:fresh_tokens], v[:fresh_tokens], s.scale,
                                         True, s.sliding_window, s.sinks)
-            cached = attend_one_sequence(q[fresh_tokens:], _through_e4m3(k), _through_e4m3(v), s.scale,
-                                         True, s.sliding_window, s.sinks)
+            cached = attend_one_sequence(q[fresh_tokens:], _through_e4m3(k, k_scale), _through_e4m3(v, v_scale),
+                                         s.scale, True, s.sliding_window, s.sinks)
             result = torch.cat([fresh, cached]).reshape(q.shape[0], -1)
             return result if out is None else out.copy_(result)
 
