@@ -6,7 +6,7 @@ must still take the model over. The reference is ATOM's model alone in bfloat16 
 checkpoint (its float32 logits match HF transformers', atom-core's test_mxfp4_parity.py). MXFP4 is
 weight-only, so nothing is requantized between the two: prompt log-probabilities within bfloat16
 rounding, and the same greedy tokens. ATOM serves MXFP4 only when asked (``ATOM_SERVE_MXFP4=1``:
-its MXFP4 MoE is not yet as fast as vLLM's on a GPU).
+its MXFP4 MoE is not yet measurably faster than vLLM's on a GPU).
 """
 
 import pytest

@@ -80,7 +80,7 @@ def _task(model: HostedModel) -> str | None:
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
-MXFP4_OPT_IN_REASON = ("MXFP4 experts are left to the host until ATOM's MXFP4 MoE is as fast "
+MXFP4_OPT_IN_REASON = ("MXFP4 experts are left to the host until ATOM's MXFP4 MoE is measurably faster "
                        "(ATOM_SERVE_MXFP4=1 serves them with ATOM)")
 
 
