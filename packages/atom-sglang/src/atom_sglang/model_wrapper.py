@@ -21,6 +21,7 @@ from atom_core.hosting.build import build_atom_model
 from atom_core.hosting.takeover import new_wrapper_or_host_model
 from atom_sglang.config_translation import atom_config_from_sglang, takeover_decision
 from atom_sglang.host_hooks import bind_forward_batch, install_sglang_hooks
+from atom_sglang.prefill_graph import keep_prefill_eager
 
 
 def host_model_class(architecture: str) -> type[nn.Module]:
@@ -53,7 +54,9 @@ class ATOMForCausalLM(nn.Module):
 
         self.config = config  # SGLang's model convention (its loader and LoRA read model.config)
         install_sglang_hooks()
-        atom_config = atom_config_from_sglang(get_global_server_args().get_model_config(), config)
+        server_args = get_global_server_args()
+        keep_prefill_eager(server_args)
+        atom_config = atom_config_from_sglang(server_args.get_model_config(), config)
         self.model = build_atom_model(atom_config, type(self).__name__, "SGLang", prefix)
         self.logits_processor = LogitsProcessor(config)
 
