@@ -1,7 +1,7 @@
 """Per-kernel GPU time of one prefill step and one decode step, in one vLLM engine (this process).
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 python profile_steps.py (--config CONFIG.json | --checkpoint DIR) \
-        --out PROFILE.json
+        --out PROFILE.json [--kv-cache-dtype fp8]
 
 Run once with ATOM_DISABLE_VLLM_PLUGIN=1 (native) and once without (ATOM), on the same GPU.
 The engine core runs in this process, so torch.profiler sees every kernel, CUDA-graph replays
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--decode-batch", type=int, default=256)
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--workload-prompts", type=int, default=0, help="0 skips the workload window")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="LLM(kv_cache_dtype=...)")
     args = parser.parse_args()
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("set VLLM_ENABLE_V1_MULTIPROCESSING=0: the profiler must see the engine core")
@@ -115,9 +116,9 @@ def main() -> None:
         shutil.copy(args.config, os.path.join(model_dir, "config.json"))
     vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
     llm = LLM(model=model_dir, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=2048, seed=0, gpu_memory_utilization=0.85)
+              max_model_len=2048, seed=0, gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.llm_engine
-    result = {"config": os.path.basename(args.config or args.checkpoint),
+    result = {"config": os.path.basename(args.config or args.checkpoint), "kv_cache_dtype": args.kv_cache_dtype,
               "served_by": llm.apply_model(describe_served_model)[0],
               "atom_disabled": os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1"}
 
