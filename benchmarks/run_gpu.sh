@@ -41,7 +41,8 @@ for step in $steps; do
                    mkdir -p "$out/mxfp4-runs"
                    for mode in native atom; do
                      [ $mode = native ] && flag=1 || flag=
-                     ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$ckpt" \
+                     # ATOM serves MXFP4 checkpoints only when asked (atom_core.envs.serve_mxfp4).
+                     ATOM_DISABLE_VLLM_PLUGIN=$flag ATOM_SERVE_MXFP4=1 python3 "$here/e2e/engine_run.py" --checkpoint "$ckpt" \
                        --out "$out/mxfp4-runs/run-gpt-oss-20b-mxfp4-$mode.json" \
                        > "$out/mxfp4-runs/run-gpt-oss-20b-mxfp4-$mode.json.log" 2>&1
                    done
