@@ -114,6 +114,11 @@ def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
         )
 
 
+def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(expected)}")
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
