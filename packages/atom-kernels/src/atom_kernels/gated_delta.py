@@ -405,7 +405,8 @@ def gated_delta_rule_triton(
     Not tuned yet: one program per (sequence, head, 64 value columns) walks its chunks in order;
     T = (I + A)^-1 is built row by row (CHUNK_SIZE serial steps, where FLA inverts 16 x 16 diagonal
     blocks and merges them); fp32 dot products forgo TF32 and bf16 tensor cores; no autotuning of
-    BLOCK_V, warps or stages; no split of long sequences' work beyond the value-column blocks.
+    BLOCK_V, warps or stages; no split of long sequences' work beyond the value-column blocks. At
+    K = V = 128 it compiles for sm_90 (to a 3.8 MB cubin); its registers and spills are unmeasured.
     """
     num_seqs = _check_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs)
