@@ -26,6 +26,7 @@ from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
     check_same_device,
     check_shape,
+    check_state_seqs,
     next_pow2,
 )
 
@@ -90,15 +91,6 @@ def _check_args(
     check_same_device(q=q, k=k, v=v, g=g, beta=beta, state=state)
 
 
-def _check_seqs(op: str, cu_seqlens: torch.Tensor, has_initial_state: torch.Tensor) -> int:
-    """The number of sequences described by ``cu_seqlens`` and ``has_initial_state``."""
-    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
-        raise ValueError(f"{op}: cu_seqlens must be [num_seqs + 1], got {tuple(cu_seqlens.shape)}")
-    num_seqs = cu_seqlens.shape[0] - 1
-    check_shape(op, "has_initial_state", has_initial_state, (num_seqs,))
-    return num_seqs
-
-
 def _recurrence(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -139,7 +131,7 @@ def gated_delta_rule_torch(
     has_initial_state: torch.Tensor,
     use_qk_l2norm: bool = True,
 ) -> torch.Tensor:
-    num_seqs = _check_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
+    num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs)
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     starts, initial = cu_seqlens.tolist(), has_initial_state.tolist()
@@ -408,7 +400,7 @@ def gated_delta_rule_triton(
     BLOCK_V, warps or stages; no split of long sequences' work beyond the value-column blocks. At
     K = V = 128 it compiles for sm_90 (to a 3.8 MB cubin); its registers and spills are unmeasured.
     """
-    num_seqs = _check_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
+    num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs)
     check_same_device(q=q, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
     out, arguments, constexprs, v_blocks = _launch_arguments("gated_delta_rule", q, k, v, g, beta,

@@ -21,6 +21,7 @@ from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
     check_same_device,
     check_shape,
+    check_state_seqs,
     next_pow2,
 )
 
@@ -79,15 +80,6 @@ def _check_args(
     check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state)
 
 
-def _check_seqs(op: str, cu_seqlens: torch.Tensor, has_initial_state: torch.Tensor) -> int:
-    """The number of sequences described by ``cu_seqlens`` and ``has_initial_state``."""
-    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
-        raise ValueError(f"{op}: cu_seqlens must be [num_seqs + 1], got {tuple(cu_seqlens.shape)}")
-    num_seqs = cu_seqlens.shape[0] - 1
-    check_shape(op, "has_initial_state", has_initial_state, (num_seqs,))
-    return num_seqs
-
-
 def _conv_sequences(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -128,7 +120,7 @@ def causal_conv1d_torch(
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
 ) -> torch.Tensor:
-    num_seqs = _check_seqs("causal_conv1d", cu_seqlens, has_initial_state)
+    num_seqs = check_state_seqs("causal_conv1d", cu_seqlens, has_initial_state)
     _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation)
     return _conv_sequences(
         x, weight, bias, cu_seqlens.tolist(), conv_state, has_initial_state.tolist(), activation
@@ -306,7 +298,7 @@ def causal_conv1d_triton(
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
 ) -> torch.Tensor:
-    num_seqs = _check_seqs("causal_conv1d", cu_seqlens, has_initial_state)
+    num_seqs = check_state_seqs("causal_conv1d", cu_seqlens, has_initial_state)
     _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation)
     check_same_device(x=x, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
     return _launch(x, weight, bias, cu_seqlens, conv_state, has_initial_state, activation)
