@@ -10,11 +10,15 @@ import atom_kernels
 from atom_kernels import BackendUnavailableError, reset_selection
 from atom_kernels.registry import OPS, Op
 
+# Ops that AITER has no adapter for yet: Qwen3-Next's linear attention.
+WITHOUT_AITER = {"causal_conv1d", "causal_conv1d_decode", "gated_delta_rule", "gated_delta_rule_decode"}
+
 
 def test_every_op_has_all_three_backends():
     assert len(OPS) >= 19
     for name, op in OPS.items():
-        assert {"torch", "triton", "aiter"} <= set(op.impls), name
+        expected = {"torch", "triton"} if name in WITHOUT_AITER else {"torch", "triton", "aiter"}
+        assert expected <= set(op.impls), name
     # torch's own kernels, where they measured faster (atom_kernels.gemm.LIBRARY_MIN_ROWS).
     assert {name for name, op in OPS.items() if "torchlib" in op.impls} == {"fp8_block_scaled_mm", "fp8_scaled_mm"}
 

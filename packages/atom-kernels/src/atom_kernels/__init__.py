@@ -13,6 +13,7 @@ from atom_kernels import (
 from atom_kernels.activation import clamped_swiglu, gelu_and_mul, silu_and_mul
 from atom_kernels.attention import paged_attention, varlen_attention
 from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
+from atom_kernels.gated_delta import gated_delta_rule, gated_delta_rule_decode
 from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
 from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
 from atom_kernels.moe import fused_moe, warm_up_fused_moe
@@ -38,12 +39,15 @@ from atom_kernels.rope import (
     yarn_mscale,
 )
 from atom_kernels.routing import grouped_topk, topk_softmax
+from atom_kernels.short_conv import causal_conv1d, causal_conv1d_decode
 
 __all__ = [
     "OPS",
     "BackendUnavailableError",
     "backend_report",
     "backend_report_line",
+    "causal_conv1d",
+    "causal_conv1d_decode",
     "clamped_swiglu",
     "compute_cos_sin_cache",
     "concat_and_cache_mla",
@@ -55,6 +59,8 @@ __all__ = [
     "fused_add_rms_norm",
     "fused_moe",
     "fused_qk_rope_concat_and_cache_mla",
+    "gated_delta_rule",
+    "gated_delta_rule_decode",
     "gelu_and_mul",
     "grouped_topk",
     "llama3_inv_freq",

@@ -114,6 +114,21 @@ def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
         )
 
 
+def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected {tuple(expected)}")
+
+
+def check_state_seqs(op: str, cu_seqlens: torch.Tensor, has_initial_state: torch.Tensor) -> int:
+    """The number of sequences of a stateful varlen op (linear attention, its conv), checked
+    between ``cu_seqlens`` [N + 1] and ``has_initial_state`` [N]."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"{op}: cu_seqlens must be [num_seqs + 1], got {tuple(cu_seqlens.shape)}")
+    num_seqs = cu_seqlens.shape[0] - 1
+    check_shape(op, "has_initial_state", has_initial_state, (num_seqs,))
+    return num_seqs
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:

@@ -1,0 +1,316 @@
+"""Depthwise causal short convolution with a carried state (the conv of Qwen3-Next's Gated DeltaNet).
+
+Channel ``c`` of token ``t`` is ``act(bias[c] + sum_j weight[c, j] * input[t - (W - 1) + j, c])`` for
+a kernel of width ``W``: ``nn.Conv1d(groups=channels, padding=W - 1)`` cut to the sequence, as HF's
+``causal_conv1d_fn`` / ``causal_conv1d_update`` compute it. Inputs before a sequence's first token
+come from its ``conv_state`` [num_seqs, channels, W - 1] (oldest first) where ``has_initial_state``
+is set, zeros otherwise; afterwards the state holds the sequence's last ``W - 1`` inputs (older
+state entries where the sequence is shorter). Tokens are rows (``x`` [num_tokens, channels], the
+layout the input projection writes); ``weight`` is [channels, W] (``conv1d.weight.squeeze(1)``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import (
+    check_last_dim_contiguous,
+    check_same_device,
+    check_shape,
+    check_state_seqs,
+    next_pow2,
+)
+
+ACTIVATIONS = (None, "silu")
+
+
+@define_op
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Prefill/extend: ``x`` [T, C] packed sequences (``cu_seqlens`` [N + 1]) -> [T, C]; reads and
+    updates ``conv_state`` [N, C, W - 1] in place (``has_initial_state`` [N] bool)."""
+
+
+@define_op
+def causal_conv1d_decode(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Decode: one token per sequence, ``x`` [N, C] -> [N, C]; shifts it into ``conv_state``
+    [N, C, W - 1] in place."""
+
+
+def _check_args(
+    op: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    num_seqs: int,
+    activation: str | None,
+) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation {activation!r} is not one of {ACTIVATIONS}")
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(
+            f"{op}: x must be [num_tokens, channels] and weight [channels, kernel_size], got x "
+            f"{tuple(x.shape)} and weight {tuple(weight.shape)}"
+        )
+    channels, kernel_size = weight.shape
+    if kernel_size < 2:
+        raise ValueError(f"{op}: weight kernel_size {kernel_size} < 2 leaves no state to carry")
+    check_shape(op, "x", x, (x.shape[0], channels))
+    check_shape(op, "conv_state", conv_state, (num_seqs, channels, kernel_size - 1))
+    if bias is not None:
+        check_shape(op, "bias", bias, (channels,))
+    check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state)
+
+
+def _conv_sequences(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    starts: list[int],
+    conv_state: torch.Tensor,
+    initial: list[bool],
+    activation: str | None,
+) -> torch.Tensor:
+    """The reference: each sequence's inputs after its history, through ``F.conv1d`` in fp32."""
+    channels, kernel_size = weight.shape
+    out = torch.empty_like(x)
+    for seq in range(len(initial)):
+        tokens = slice(starts[seq], starts[seq + 1])
+        history = (
+            conv_state[seq].float()
+            if initial[seq]
+            else conv_state.new_zeros(channels, kernel_size - 1, dtype=torch.float32)
+        )
+        inputs = torch.cat([history, x[tokens].float().T], dim=1)
+        y = F.conv1d(inputs[None], weight.float()[:, None, :], groups=channels)[0].T
+        if bias is not None:
+            y = y + bias.float()
+        if activation == "silu":
+            y = F.silu(y)
+        out[tokens] = y.to(x.dtype)
+        conv_state[seq] = inputs[:, -(kernel_size - 1) :].to(conv_state.dtype)
+    return out
+
+
+@causal_conv1d.register("torch")
+def causal_conv1d_torch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    num_seqs = check_state_seqs("causal_conv1d", cu_seqlens, has_initial_state)
+    _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation)
+    return _conv_sequences(
+        x, weight, bias, cu_seqlens.tolist(), conv_state, has_initial_state.tolist(), activation
+    )
+
+
+@causal_conv1d_decode.register("torch")
+def causal_conv1d_decode_torch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    num_seqs = x.shape[0]
+    _check_args("causal_conv1d_decode", x, weight, bias, conv_state, num_seqs, activation)
+    return _conv_sequences(
+        x, weight, bias, list(range(num_seqs + 1)), conv_state, [True] * num_seqs, activation
+    )
+
+
+@triton.jit
+def _load_inputs(
+    x_ptr,
+    x_stride_t,
+    state_ptrs,
+    state_stride_w,
+    start,
+    pos,
+    pos_mask,
+    cols,
+    col_mask,
+    has_initial,
+    HISTORY: tl.constexpr,
+):
+    """fp32 [len(pos), BLOCK_C] inputs of one sequence at positions ``pos`` relative to its first
+    token: ``x`` from position 0 on, the state (or zeros) at -HISTORY..-1."""
+    in_x = (pos >= 0) & pos_mask
+    x_offs = (start + pos).to(tl.int64)[:, None] * x_stride_t + cols[None, :]
+    from_x = tl.load(x_ptr + x_offs, mask=in_x[:, None] & col_mask[None, :], other=0.0)
+    in_state = (pos < 0) & pos_mask & has_initial
+    state_offs = ((HISTORY + pos) * state_stride_w)[:, None]
+    from_state = tl.load(
+        state_ptrs[None, :] + state_offs, mask=in_state[:, None] & col_mask[None, :], other=0.0
+    )
+    return from_x.to(tl.float32) + from_state.to(tl.float32)
+
+
+@triton.jit
+def _causal_conv1d_kernel(
+    x_ptr,
+    weight_ptr,
+    bias_ptr,
+    out_ptr,
+    state_ptr,
+    cu_seqlens_ptr,
+    has_initial_state_ptr,
+    channels,
+    x_stride_t,
+    out_stride_t,
+    weight_stride_c,
+    state_stride_s,
+    state_stride_c,
+    state_stride_w,
+    KERNEL_SIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    DECODE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # One program owns one sequence's channel block: it reads the old state while walking the tokens
+    # and overwrites it at the end, so no other program can see a half-updated state.
+    HISTORY: tl.constexpr = KERNEL_SIZE - 1
+    seq = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < channels
+    if DECODE:
+        start = seq
+        length = 1
+        has_initial = True
+    else:
+        start = tl.load(cu_seqlens_ptr + seq)
+        length = tl.load(cu_seqlens_ptr + seq + 1) - start
+        has_initial = tl.load(has_initial_state_ptr + seq) != 0
+    state_ptrs = state_ptr + seq.to(tl.int64) * state_stride_s + cols * state_stride_c
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for block_start in range(0, length, BLOCK_T):
+        rows = block_start + tl.arange(0, BLOCK_T)
+        row_mask = rows < length
+        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32) + bias[None, :]
+        for j in tl.static_range(KERNEL_SIZE):
+            tap = _load_inputs(
+                x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
+                row_mask, cols, col_mask, has_initial, HISTORY,
+            )
+            w = tl.load(weight_ptr + cols * weight_stride_c + j, mask=col_mask, other=0.0)
+            acc += tap * w.to(tl.float32)[None, :]
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        out_offs = (start + rows).to(tl.int64)[:, None] * out_stride_t + cols[None, :]
+        tl.store(
+            out_ptr + out_offs,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & col_mask[None, :],
+        )
+    slots = tl.arange(0, BLOCK_W)
+    slot_mask = slots < HISTORY
+    tail = _load_inputs(
+        x_ptr, x_stride_t, state_ptrs, state_stride_w, start, length - HISTORY + slots,
+        slot_mask, cols, col_mask, has_initial, HISTORY,
+    )
+    tl.store(
+        state_ptrs[None, :] + (slots * state_stride_w)[:, None],
+        tail.to(state_ptr.dtype.element_ty),
+        mask=slot_mask[:, None] & col_mask[None, :],
+    )
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    has_initial_state: torch.Tensor | None,
+    activation: str | None,
+) -> torch.Tensor:
+    """Both ops' launch; ``cu_seqlens is None`` is decode (token ``s`` is sequence ``s``)."""
+    check_last_dim_contiguous("causal_conv1d x", x)
+    check_last_dim_contiguous("causal_conv1d weight", weight)
+    channels, kernel_size = weight.shape
+    num_seqs = conv_state.shape[0]
+    out = torch.empty_like(x)
+    # Untuned: a long prefill of few sequences runs few programs (one per sequence x channel block),
+    # each walking its tokens in order; split sequences over programs if that measures slow.
+    block_c = min(next_pow2(channels), 128)
+    grid = (num_seqs, triton.cdiv(channels, block_c))
+    if num_seqs > 0:
+        _causal_conv1d_kernel[grid](
+            x,
+            weight,
+            bias,
+            out,
+            conv_state,
+            cu_seqlens,
+            has_initial_state,
+            channels,
+            x.stride(0),
+            out.stride(0),
+            weight.stride(0),
+            *conv_state.stride(),
+            KERNEL_SIZE=kernel_size,
+            HAS_BIAS=bias is not None,
+            SILU=activation == "silu",
+            DECODE=cu_seqlens is None,
+            BLOCK_T=16,
+            BLOCK_C=block_c,
+            BLOCK_W=next_pow2(kernel_size - 1),
+        )
+    return out
+
+
+@causal_conv1d.register("triton")
+def causal_conv1d_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    num_seqs = check_state_seqs("causal_conv1d", cu_seqlens, has_initial_state)
+    _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation)
+    check_same_device(x=x, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
+    return _launch(x, weight, bias, cu_seqlens, conv_state, has_initial_state, activation)
+
+
+@causal_conv1d_decode.register("triton")
+def causal_conv1d_decode_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    _check_args("causal_conv1d_decode", x, weight, bias, conv_state, x.shape[0], activation)
+    return _launch(x, weight, bias, None, conv_state, None, activation)

@@ -1,0 +1,128 @@
+"""causal_conv1d / causal_conv1d_decode: the Triton kernels against the torch reference, the reference
+against HF transformers' Qwen3-Next conv functions, and a state carried across calls."""
+
+import inspect
+
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, cu_seqlens, float_dtypes, impl, rand
+
+CHANNELS, KERNEL_SIZE = 40, 4  # 40: not a power of two, so the channel mask matters
+LENGTHS = [1, 2, 7, 33]
+HAS_INITIAL = [True, False, True, False]
+
+
+def conv_inputs(lengths, dtype, with_bias):
+    x = rand(sum(lengths), CHANNELS, dtype=dtype)
+    weight = rand(CHANNELS, KERNEL_SIZE, dtype=dtype, scale=0.5)
+    bias = rand(CHANNELS, dtype=dtype) if with_bias else None
+    return x, weight, bias
+
+
+def initial_state(has_initial, dtype):
+    """Random history where a sequence has one; NaN where not, which the op must not read."""
+    state = rand(len(has_initial), CHANNELS, KERNEL_SIZE - 1, dtype=dtype)
+    state[~torch.tensor(has_initial, device=DEVICE)] = float("nan")
+    return state
+
+
+def hf_conv_functions():
+    """HF's own torch functions, unwrapped from the decorator that may swap in a hub kernel."""
+    qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    return (
+        inspect.unwrap(qwen3_next.causal_conv1d_fn),
+        inspect.unwrap(qwen3_next.causal_conv1d_update),
+    )
+
+
+@float_dtypes
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_causal_conv1d_triton_matches_torch(dtype, with_bias):
+    x, weight, bias = conv_inputs(LENGTHS, dtype, with_bias)
+    has_initial = torch.tensor(HAS_INITIAL, device=DEVICE)
+    state = initial_state(HAS_INITIAL, dtype)
+    expected_state = state.clone()
+    args = (weight, bias, cu_seqlens(LENGTHS))
+    expected = impl("causal_conv1d", "torch")(x, *args, expected_state, has_initial)
+    out = impl("causal_conv1d", "triton")(x, *args, state, has_initial)
+    assert_close(out, expected, dtype)
+    assert_close(state, expected_state, dtype)
+
+
+@float_dtypes
+def test_causal_conv1d_decode_triton_matches_torch(dtype):
+    x, weight, bias = conv_inputs([1] * 5, dtype, with_bias=True)
+    state = initial_state([True] * 5, dtype)
+    expected_state = state.clone()
+    expected = impl("causal_conv1d_decode", "torch")(x, weight, bias, expected_state)
+    out = impl("causal_conv1d_decode", "triton")(x, weight, bias, state)
+    assert_close(out, expected, dtype)
+    assert_close(state, expected_state, dtype)
+
+
+def test_causal_conv1d_torch_matches_hf():
+    """Fresh sequences against HF's causal_conv1d_fn, continued ones against causal_conv1d_update
+    (channels-first [batch, C, L], the state updated in place)."""
+    hf_conv1d_fn, hf_conv1d_update = hf_conv_functions()
+    x, weight, bias = conv_inputs(LENGTHS, torch.float32, with_bias=True)
+    state = initial_state(HAS_INITIAL, torch.float32)
+    hf_state = state.clone()
+    out = impl("causal_conv1d", "torch")(
+        x, weight, bias, cu_seqlens(LENGTHS), state, torch.tensor(HAS_INITIAL, device=DEVICE)
+    )
+    starts = cu_seqlens(LENGTHS).tolist()
+    for seq, initial in enumerate(HAS_INITIAL):
+        tokens = x[starts[seq] : starts[seq + 1]].T[None]
+        if initial:
+            expected = hf_conv1d_update(tokens, hf_state[seq : seq + 1], weight, bias, "silu")
+            assert_close(state[seq], hf_state[seq], torch.float32)
+        else:
+            expected = hf_conv1d_fn(tokens, weight, bias, activation="silu")
+        assert_close(out[starts[seq] : starts[seq + 1]], expected[0].T, torch.float32)
+
+
+def test_causal_conv1d_decode_torch_matches_hf():
+    _, hf_conv1d_update = hf_conv_functions()
+    x, weight, bias = conv_inputs([1] * 3, torch.float32, with_bias=False)
+    state = initial_state([True] * 3, torch.float32)
+    hf_state = state.clone()
+    out = impl("causal_conv1d_decode", "torch")(x, weight, bias, state)
+    expected = hf_conv1d_update(x[:, :, None], hf_state, weight, bias, "silu")
+    assert_close(out, expected[:, :, 0], torch.float32)
+    assert_close(state, hf_state, torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_causal_conv1d_state_carries_across_calls(backend):
+    """Prefill in two pieces, then decode, equals one prefill of the whole sequence."""
+    conv, decode = impl("causal_conv1d", backend), impl("causal_conv1d_decode", backend)
+    x, weight, bias = conv_inputs([12], torch.float32, with_bias=True)
+    fresh, continued = torch.tensor([False], device=DEVICE), torch.tensor([True], device=DEVICE)
+    whole_state = initial_state([False], torch.float32)
+    whole = conv(x, weight, bias, cu_seqlens([12]), whole_state, fresh)
+    state = initial_state([False], torch.float32)
+    pieces = [
+        conv(x[:2], weight, bias, cu_seqlens([2]), state, fresh),
+        conv(x[2:11], weight, bias, cu_seqlens([9]), state, continued),
+        decode(x[11:], weight, bias, state),
+    ]
+    assert_close(torch.cat(pieces), whole, torch.float32)
+    assert_close(state, whole_state, torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_causal_conv1d_rejects_bad_arguments(backend):
+    conv, decode = impl("causal_conv1d", backend), impl("causal_conv1d_decode", backend)
+    x, weight, bias = conv_inputs([3, 2], torch.float32, with_bias=True)
+    lengths, has_initial = cu_seqlens([3, 2]), torch.tensor([True, False], device=DEVICE)
+    state = initial_state([True, True], torch.float32)
+    with pytest.raises(ValueError, match="conv_state has shape"):
+        conv(x, weight, bias, lengths, state[:1], has_initial)
+    with pytest.raises(ValueError, match="has_initial_state has shape"):
+        conv(x, weight, bias, lengths, state, has_initial[:1])
+    with pytest.raises(ValueError, match="bias has shape"):
+        conv(x, weight, bias[:3], lengths, state, has_initial)
+    with pytest.raises(ValueError, match="activation 'gelu'"):
+        decode(x[:2], weight, bias, state, "gelu")
+    with pytest.raises(ValueError, match="x has shape"):
+        decode(x[:2, :8], weight, bias, state)
