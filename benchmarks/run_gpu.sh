@@ -2,30 +2,37 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm.
+# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
+# Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
+profile() {
+  for model in "$@"; do
+    for mode in native atom; do
+      [ $mode = native ] && flag=1 || flag=
+      ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 "$here/e2e/profile_steps.py" \
+        --config "$here/models/$model.json" --out "$out/profile-$model-$mode.json" --workload-prompts 256
+    done
+  done
+}
 for step in $steps; do
   echo "== $step $(date +%T)"
   case $step in
     kernel-tests) python3 -m pytest "$here/../packages/atom-kernels/tests" -q -p no:cacheprovider -n 8 \
                     > "$out/kernel-tests-gpu.log" 2>&1; tail -1 "$out/kernel-tests-gpu.log" ;;
     offline) python3 "$here/e2e/bench_offline.py" --out "$out/offline.json" qwen3-8b qwen3-30b-a3b ;;
+    mla-offline) python3 "$here/e2e/bench_offline.py" --out "$out/offline-mla.json" \
+                   deepseek-v2-lite moonlight-16b-a3b deepseek-v3-7l ;;
     serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-qwen3-8b.json" --concurrencies 1,16,64,128 ;;
-    profile) for model in qwen3-8b qwen3-30b-a3b; do
-               for mode in native atom; do
-                 [ $mode = native ] && flag=1 || flag=
-                 ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 "$here/e2e/profile_steps.py" \
-                   --config "$here/models/$model.json" --out "$out/profile-$model-$mode.json" --workload-prompts 256
-               done
-             done ;;
+    profile) profile qwen3-8b qwen3-30b-a3b ;;
+    mla-profile) profile deepseek-v2-lite deepseek-v3-7l ;;
     compile) python3 "$here/e2e/compile_vs_eager.py" --out "$out/compile-vs-eager-qwen3-8b.json" ;;
     mla) python3 "$here/mla/bench_mla_decode.py" --out "$out/mla-decode.json" ;;
     kernels) python3 "$here/kernels/bench_kernels.py" --out "$out/kernels.json" ;;

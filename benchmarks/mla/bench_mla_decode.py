@@ -2,11 +2,11 @@
 
     python benchmarks/mla/bench_mla_decode.py --out results.json [--vllm-backends auto,TRITON_MLA] [--quick]
 
-Shapes: the attention of DeepSeek-V2-Lite and Moonlight-16B-A3B at TP 1 (16 heads, kv_lora_rank 512,
-rope 64, nope 128, v 128; bf16; V2-Lite with its YaRN rope), decode batches x context lengths. Every
-case starts from the same inputs -- the layer's q [B, 16, 192] and the new token's latent kv_c [B, 512]
-and k_pe [B, 64], rope not yet applied -- and ends with the attention output [B, 16 * 128] that
-o_proj takes:
+Shapes: the attention of DeepSeek-V2-Lite, Moonlight-16B-A3B (16 heads) and DeepSeek-V3 (128 heads) at
+TP 1 (kv_lora_rank 512, rope 64, nope 128, v 128; bf16; V2-Lite and V3 with their YaRN rope), read
+from benchmarks/models, decode batches x context lengths. Every case starts from the same inputs --
+the layer's q [B, H, 192] and the new token's latent kv_c [B, 512] and k_pe [B, 64], rope not yet
+applied -- and ends with the attention output [B, H * 128] that o_proj takes:
 
 - ATOM: ``ATOMMLAImpl.forward`` over ``ATOMMLAMetadataBuilder`` metadata (absorbed q through W_UK,
   fused q/k rope + latent-cache write, ``atom_kernels.mla_decode`` in Triton, W_UV);
@@ -38,61 +38,25 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 BF16 = torch.bfloat16
 
-# From the models' published Hugging Face configs (config.json of DeepSeek-V2-Lite and Moonlight-16B-A3B),
-# as in benchmarks/models/; --models-dir checks them against the files found there.
-MODELS = {
-    "deepseek-v2-lite": {
-        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 102400,
-        "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
-        "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
-        "n_shared_experts": 2, "n_routed_experts": 64, "num_experts_per_tok": 6,
-        "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
-        "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
-        "norm_topk_prob": False, "scoring_func": "softmax", "first_k_dense_replace": 1, "moe_layer_freq": 1,
-        "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
-        "rope_theta": 10000.0,
-        "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707},
-        "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "bos_token_id": 100000, "eos_token_id": 100001,
-    },
-    "moonlight-16b-a3b": {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 163840,
-        "hidden_size": 2048, "intermediate_size": 11264, "moe_intermediate_size": 1408,
-        "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
-        "n_shared_experts": 2, "n_routed_experts": 64, "num_experts_per_tok": 6,
-        "routed_scaling_factor": 2.446, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
-        "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 1,
-        "topk_group": 1, "norm_topk_prob": True, "scoring_func": "sigmoid", "first_k_dense_replace": 1,
-        "moe_layer_freq": 1, "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
-        "rope_theta": 50000.0, "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "bos_token_id": 163584, "eos_token_id": 163585,
-    },
-}
-
+# Model shapes from benchmarks/models (published Hugging Face configs; deepseek-v3-7l is DeepSeek-V3's
+# width at reduced depth: 128 heads at TP 1).
+DEFAULT_MODELS = "deepseek-v2-lite,moonlight-16b-a3b,deepseek-v3-7l"
 BATCHES = [1, 8, 32, 64, 128, 256]
 CONTEXTS = [1024, 4096, 16384]
 QUICK_BATCHES, QUICK_CONTEXTS = [1, 64], [4096]
 MAX_CACHE_BYTES = 16 << 30  # skip batch x context combinations whose latent cache would exceed this
 
 
-def check_model_files(models_dir: Path) -> None:
-    for name, config in MODELS.items():
-        path = models_dir / f"{name}.json"
-        if not path.exists():
-            continue
-        on_disk = json.loads(path.read_text())
-        differing = sorted(k for k in set(config) | set(on_disk) if config.get(k) != on_disk.get(k))
-        if differing:
-            raise SystemExit(f"{path}: embedded config differs in {differing}; update MODELS")
+def load_config(models_dir: Path, name: str) -> dict:
+    return json.loads((models_dir / f"{name}.json").read_text())
 
 
-def vllm_config_for(model: str, block_size: int, max_model_len: int):
+def vllm_config_for(model: str, config: dict, block_size: int, max_model_len: int):
     """A VllmConfig for the model's config.json (no weights, no tokenizer)."""
     from vllm.engine.arg_utils import EngineArgs
 
     model_dir = Path(tempfile.mkdtemp(prefix=f"bench-mla-{model}-"))
-    (model_dir / "config.json").write_text(json.dumps(MODELS[model]))
+    (model_dir / "config.json").write_text(json.dumps(config))
     return EngineArgs(
         model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
         max_model_len=max_model_len, block_size=block_size, enforce_eager=True,
@@ -259,7 +223,7 @@ def run_case(layers: Layers, vllm_config, batch: int, context: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON results file")
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="names of benchmarks/models/*.json")
     parser.add_argument("--vllm-backends", default="auto,TRITON_MLA",
                         help="vLLM MLA backends to compare with: auto (the platform's choice) or enum names")
     parser.add_argument("--quick", action="store_true", help=f"batches {QUICK_BATCHES}, contexts {QUICK_CONTEXTS}")
@@ -267,7 +231,6 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_mla_decode needs a CUDA GPU")
-    check_model_files(Path(args.models_dir))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     import vllm
@@ -284,14 +247,15 @@ def main() -> None:
     }
     distributed_ready = False
     for model in args.models.split(","):
-        heads = MODELS[model]["num_attention_heads"]
-        model_contexts = [c for c in contexts if c <= MODELS[model]["max_position_embeddings"]]
+        config = load_config(Path(args.models_dir), model)
+        heads = config["num_attention_heads"]
+        model_contexts = [c for c in contexts if c <= config["max_position_embeddings"]]
         for backend_name in args.vllm_backends.split(","):
             # vLLM's backend validation reads the current config; the block size is the backend's.
-            with set_current_vllm_config(vllm_config_for(model, 64, max(model_contexts))):
+            with set_current_vllm_config(vllm_config_for(model, config, 64, max(model_contexts))):
                 backend = vllm_backend_class(backend_name, heads)
             block_size = block_size_for(backend)
-            vllm_config = vllm_config_for(model, block_size, max(model_contexts))
+            vllm_config = vllm_config_for(model, config, block_size, max(model_contexts))
             with set_current_vllm_config(vllm_config):
                 if not distributed_ready:
                     init_single_rank_distributed()
