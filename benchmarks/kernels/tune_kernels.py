@@ -1,9 +1,10 @@
 """Tune ATOM's Triton tile configs on this GPU and write the tables that ``atom_kernels.tuned`` reads.
 
-    python benchmarks/kernels/tune_kernels.py --out-dir DIR [--ops moe,moe_fp8,moe_mxfp4,attention] [--jobs 16]
+    python benchmarks/kernels/tune_kernels.py --out-dir DIR [--ops moe,moe_fp8,moe_mxfp4,attention] [--jobs 16] \
+        [--models M,...]   # MoE ops: only these models
     python benchmarks/kernels/tune_kernels.py --dry-run [--ops ...]   # the plan; needs no GPU
 
-* fused MoE, ``moe`` (bf16 experts of Qwen3-30B-A3B and DeepSeek-V2-Lite) and ``moe_fp8`` (block-FP8
+* fused MoE, ``moe`` (bf16 experts of Qwen3-30B-A3B, DeepSeek-V2-Lite and DeepSeek-V3) and ``moe_fp8`` (block-FP8
   experts of Qwen3-30B-A3B-FP8 and DeepSeek-V3 at TP 1: fp8 weights with an fp32 scale per 128 x 128
   block, bf16 activations quantized per token and 128 channels): per token count, every row-block
   size BLOCK_M and, for each of the two GEMMs (gate_up with the activation, down), every tile
@@ -48,6 +49,7 @@ SMEM_BYTES = 220 * 1024
 MOE_MODELS = {  # experts, top_k, hidden, intermediate (as in bench_kernels.MODELS)
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "deepseek-v2-lite": (64, 6, 2048, 1408),
+    "deepseek-v3": (256, 8, 7168, 2048),  # TP 1: 21 GiB of bf16 experts on the GPU
 }
 MOE_TOKENS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 FP8_BLOCK = 128  # the scale block of both weights, and the activations' channel group
@@ -658,6 +660,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path)
     parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--models", help="tune the MoE ops for these models only (comma-separated)")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be timed and compiled, and exit"
@@ -666,6 +669,10 @@ def main() -> None:
     ops = args.ops.split(",")
     if unknown := set(ops) - set(OPS):
         parser.error(f"unknown ops {sorted(unknown)}; known: {','.join(OPS)}")
+    if args.models:
+        wanted = set(args.models.split(","))
+        for op, (models, token_counts, weight_dtype) in MOE_OPS.items():
+            MOE_OPS[op] = ({m: d for m, d in models.items() if m in wanted}, token_counts, weight_dtype)
     if args.dry_run:
         print_plan(ops)
         return

@@ -9,7 +9,9 @@ the layer's q [B, H, 192] and the new token's latent kv_c [B, 512] and k_pe [B, 
 applied -- and ends with the attention output [B, H * 128] that o_proj takes:
 
 - ATOM: ``ATOMMLAImpl.forward`` over ``ATOMMLAMetadataBuilder`` metadata (absorbed q through W_UK,
-  fused q/k rope + latent-cache write, ``atom_kernels.mla_decode`` in Triton, W_UV);
+  fused q/k rope + latent-cache write, the attention core, W_UV). The core is what
+  ``atom_vllm.attention.mla_fa3.mla_kernels`` picks: vLLM's FlashAttention-3 on Hopper, or
+  ``atom_kernels.mla_decode`` in Triton with ``ATOM_VLLM_MLA_KERNELS=atom``;
 - vLLM: rope as vLLM's DeepSeek model applies it (``get_rope``, in place on q's rope part and k_pe),
   then vLLM's ``MLAAttention`` layer with the named backend (``auto``: what vLLM's CUDA platform picks
   for this GPU, FlashMLA on Hopper): cache write, absorption, ``forward_mqa``, W_UV. Metadata comes
@@ -115,6 +117,7 @@ class Layers:
         from atom_core.layers.mla import LatentAttentionSpec, mla_softmax_scale
         from atom_core.layers.rotary import RotaryEmbedding, hf_rope_parameters
         from atom_vllm.attention.mla import ATOMMLAImpl, ATOMMLAMetadataBuilder
+        from atom_vllm.attention.mla_fa3 import mla_kernels
 
         hf = vllm_config.model_config.hf_config
         self.heads, self.nope, self.rope = hf.num_attention_heads, hf.qk_nope_head_dim, hf.qk_rope_head_dim
@@ -151,7 +154,8 @@ class Layers:
                 num_heads=self.heads, qk_nope_head_dim=self.nope, qk_rope_head_dim=self.rope,
                 v_head_dim=self.v, kv_lora_rank=self.rank, scale=scale, prefix=f"{prefix}.atom",
                 layer_id=0, kv_b_proj=atom_kv_b_proj, rotary_emb=rotary,
-            )
+            ),
+            mla_kernels(False),
         )
         self.atom_builder = ATOMMLAMetadataBuilder(spec, [f"{prefix}.atom"], vllm_config, device)
 
@@ -237,12 +241,14 @@ def main() -> None:
     from vllm.config import set_current_vllm_config
 
     import atom_kernels
+    from atom_vllm.attention.mla_fa3 import mla_kernels
 
     batches, contexts = (QUICK_BATCHES, QUICK_CONTEXTS) if args.quick else (BATCHES, CONTEXTS)
     results = {
         "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "vllm": vllm.__version__},
         "atom_kernels": atom_kernels.backend_report_line("cuda"),
+        "atom_mla_kernels": mla_kernels(False),
         "cases": [],
     }
     distributed_ready = False

@@ -16,6 +16,7 @@ from atom_core.layers.mla import LatentAttentionSpec
 from atom_core.layers.rotary import RotaryEmbedding
 from atom_vllm.attention.mha import ATOMAttentionImpl
 from atom_vllm.attention.mla import ATOMMLAImpl
+from atom_vllm.attention.mla_fa3 import ATOM
 
 
 def make_impl(sliding_window=None, sinks=None) -> ATOMAttentionImpl:
@@ -61,7 +62,7 @@ def test_mla_first_batchless_pass_runs_expanded_prefill(monkeypatch):
         rotary_emb=RotaryEmbedding(rope, rope, 64, {"rope_type": "default", "rope_theta": 10000.0}),
     )
     spec.kv_b_proj.weight.data.normal_()
-    impl = ATOMMLAImpl(spec)
+    impl = ATOMMLAImpl(spec, ATOM)
     calls = []
     varlen = atom_kernels.varlen_attention
     monkeypatch.setattr(atom_kernels, "varlen_attention",

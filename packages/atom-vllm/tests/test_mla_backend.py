@@ -3,10 +3,11 @@ capture metadata, the cache layout, and which backend ATOMPlatform picks for MLA
 
 import pytest
 import torch
-from vllm.config import set_current_vllm_config
+from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
 from vllm.v1.attention.selector import AttentionSelectorConfig
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 import atom_kernels
 from atom_vllm.attention.mla import ATOMMLABackend, ATOMMLAMetadataBuilder
@@ -32,7 +33,8 @@ def common_metadata(query_lens: list[int], seq_lens: list[int]) -> CommonAttenti
 
 
 def builder() -> ATOMMLAMetadataBuilder:
-    return ATOMMLAMetadataBuilder(None, ["layer"], None, torch.device("cpu"))
+    spec = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    return ATOMMLAMetadataBuilder(spec, ["layer"], VllmConfig(), torch.device("cpu"))
 
 
 def test_mixed_batch_splits_decodes_from_prefills_and_lists_their_contexts():
@@ -54,7 +56,7 @@ def test_decode_only_batch_has_no_prefill_metadata():
 
 
 def test_decode_graphs_need_capture_safe_gpu_kernels(monkeypatch):
-    support = lambda: ATOMMLAMetadataBuilder.get_cudagraph_support(None, None)  # noqa: E731
+    support = lambda: ATOMMLAMetadataBuilder.get_cudagraph_support(VllmConfig(), None)  # noqa: E731
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert support() == AttentionCGSupport.NEVER
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

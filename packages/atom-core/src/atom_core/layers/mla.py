@@ -93,10 +93,8 @@ def expand_kv(spec: LatentAttentionSpec, latent: torch.Tensor) -> tuple[torch.Te
     """Cache entries ``[kv_c | k_pe]`` [S, L + R] -> per-head keys [S, H, P + R] and values [S, H, V]."""
     p, r = spec.qk_nope_head_dim, spec.qk_rope_head_dim
     kv = spec.kv_b_proj(latent[:, : spec.kv_lora_rank]).view(-1, spec.num_heads, p + spec.v_head_dim)
-    k = latent.new_empty(latent.shape[0], spec.num_heads, p + r)
-    k[..., :p] = kv[..., :p]
-    k[..., p:] = latent[:, None, spec.kv_lora_rank :]
-    return k, kv[..., p:]
+    k_pe = latent[:, None, spec.kv_lora_rank :].expand(-1, spec.num_heads, r)
+    return torch.cat([kv[..., :p], k_pe], dim=-1), kv[..., p:]
 
 
 def mla_prefill(

@@ -13,17 +13,19 @@ Cache: ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``, entries ``
 vLLM orders each batch [decodes | prefills] (reorder threshold 1). Per layer and step:
 
 - decodes (one new token): q_nope is absorbed through W_UK, one fused op rotates q_pe and k_pe and
-  writes the cache, :func:`atom_kernels.mla_decode` attends over the latent cache, W_UV lifts the
-  result into vLLM's output buffer. This path runs inside full CUDA graphs
-  (``UNIFORM_SINGLE_TOKEN_DECODE``, on GPU kernels): it reads only vLLM's persistent metadata tensors
-  and, with the Triton or AITER kernels, never syncs with the host.
+  writes the cache, the absorbed attention runs over the latent cache, W_UV lifts the result into
+  vLLM's output buffer. This path runs inside full CUDA graphs (``UNIFORM_SINGLE_TOKEN_DECODE``, on
+  GPU kernels): it reads only vLLM's persistent metadata tensors and never syncs with the host.
 - prefills (fresh prompts, chunked-prefill chunks, prefix-cache hits alike): the same fused op with
   the raw q_nope, then each sequence's whole latent context is gathered from the cache (its new
   tokens included) and expanded to per-head K/V for ordinary causal attention.
 
+The two attention cores run :func:`atom_kernels.mla_decode` / ``varlen_attention``, or on Hopper
+vLLM's FlashAttention-3 (:mod:`atom_vllm.attention.mla_fa3` says when and why).
+
 With ``--kv-cache-dtype fp8`` the cache (uint8 to vLLM) holds e4m3 entries divided by the layer's
-``_k_scale`` (1.0: vLLM's default, and ATOM reads no KV scales from checkpoints); decode reads them
-in the kernel, prefill dequantizes the gathered context.
+``_k_scale`` (1.0: vLLM's default; MLA checkpoints with KV-cache scales are handed back); decode reads
+them in the kernel, prefill dequantizes the gathered context.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from vllm.v1.attention.backend import (
     AttentionImplBase,
     AttentionMetadataBuilder,
     CommonAttentionMetadata,
+    MultipleOf,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.attention.selector import get_attn_backend
@@ -56,12 +59,22 @@ from atom_core.layers.mla import (
     mla_decode,
     mla_prefill,
     rope_and_cache,
+    up_project_v,
 )
-from atom_vllm.attention import ATOMBackendBase, decode_graph_support
+from atom_vllm.attention import ATOMBackendBase, decode_graph_support, mla_fa3
+from atom_vllm.attention.mla_fa3 import FA3, DecodeSchedule, mla_kernels
+
+
+def _fp8_cache(cache_dtype: str) -> bool:
+    return cache_dtype in FP8_KV_CACHE_DTYPES
 
 
 class ATOMMLABackend(ATOMBackendBase):
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *FP8_KV_CACHE_DTYPES]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return [MultipleOf(16)]  # FlashAttention-3's paged MLA (mla_fa3), as vLLM declares it
 
     @staticmethod
     def get_impl_cls() -> type[ATOMMLAImpl]:
@@ -86,6 +99,7 @@ class ATOMMLAMetadata:
     num_actual_tokens: int
     slot_mapping: torch.Tensor
     block_table: torch.Tensor
+    max_query_len: int
     max_seq_len: int
     # Decodes: the leading requests, one token each.
     num_decodes: int
@@ -95,6 +109,9 @@ class ATOMMLAMetadata:
     # Prefills: the remaining requests. Their queries, numbered from the first prefill token, and
     # their whole contexts as (request row of the block table, position) pairs, request by request.
     num_prefills: int
+    # FlashAttention-3's split schedule of the decodes (mla_fa3.DecodeSchedule), when FA3 runs them.
+    decode_schedule: torch.Tensor | None = None
+    decode_num_splits: int = 0
     prefill_query_start_loc: torch.Tensor | None = None
     prefill_context_start_loc: torch.Tensor | None = None
     context_requests: torch.Tensor | None = None
@@ -106,10 +123,22 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
-        return decode_graph_support(("fused_qk_rope_concat_and_cache_mla", "mla_decode"))
+        # FA3's decode is capture-safe with the schedule that build() keeps in a persistent buffer.
+        decode_ops = ("fused_qk_rope_concat_and_cache_mla",)
+        if mla_kernels(_fp8_cache(vllm_config.cache_config.cache_dtype)) != FA3:
+            decode_ops += ("mla_decode",)
+        return decode_graph_support(decode_ops)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.decode_schedule = None
+        if mla_kernels(_fp8_cache(kv_cache_spec.cache_dtype_str)) == FA3:
+            model = vllm_config.model_config
+            rope_dim = model.hf_text_config.qk_rope_head_dim
+            self.decode_schedule = DecodeSchedule(
+                vllm_config, model.get_num_attention_heads(vllm_config.parallel_config), rope_dim,
+                kv_cache_spec.head_size - rope_dim, kv_cache_spec.block_size, kv_cache_spec.dtype, device,
+            )
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> ATOMMLAMetadata:
@@ -121,6 +150,7 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
             num_actual_tokens=m.num_actual_tokens,
             slot_mapping=m.slot_mapping,
             block_table=m.block_table_tensor,
+            max_query_len=m.max_query_len,
             max_seq_len=m.max_seq_len,
             num_decodes=num_decodes,
             num_decode_tokens=num_decode_tokens,
@@ -128,6 +158,10 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
             decode_seq_lens=m.seq_lens[:num_decodes],
             num_prefills=num_prefills,
         )
+        if num_decodes and self.decode_schedule is not None:
+            metadata.decode_schedule, metadata.decode_num_splits = self.decode_schedule.build(
+                metadata.decode_query_start_loc, metadata.decode_seq_lens, m.max_seq_len, num_decode_tokens
+            )
         if num_prefills:
             self._add_prefill_contexts(metadata, m, num_decodes, num_decode_tokens)
         return metadata
@@ -157,14 +191,17 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
 
 
 class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
-    """One layer's MLA step: cache write and attention, decode absorbed, prefill expanded."""
+    """One layer's MLA step: cache write and attention, decode absorbed, prefill expanded. ``kernels``
+    (:func:`mla_fa3.mla_kernels`): the attention cores run FA3 or ATOM's Triton kernels."""
 
-    def __init__(self, spec: LatentAttentionSpec):
+    def __init__(self, spec: LatentAttentionSpec, kernels: str):
         self.spec = spec
         self.num_heads = spec.num_heads
         self.head_size = spec.latent_dim
         self.scale = spec.scale
-        self.prefill_kernels_compiled = False
+        self.fa3 = kernels == FA3
+        # FA3 ships compiled; the Triton prefill compiles during vLLM's warm-up (compile_prefill_kernels).
+        self.prefill_kernels_compiled = self.fa3
         self.fp8_cache_dtype = current_platform.fp8_dtype()
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
@@ -189,10 +226,17 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
                 s, positions[:d], absorb_q(s, q[:d, :, :nope]), q[:d, :, nope:], kv_c[:d], k_pe[:d],
                 kv_cache, slots[:d], kv_scale,
             )
-            mla_decode(
-                s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
-                m.block_table[: m.num_decodes], m.max_seq_len, out=output[:d], kv_scale=kv_scale,
-            )
+            if self.fa3:
+                latent_out = mla_fa3.decode(
+                    s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
+                    m.block_table[: m.num_decodes], m.max_seq_len, m.decode_schedule, m.decode_num_splits,
+                )
+                up_project_v(s, latent_out, output[:d])
+            else:
+                mla_decode(
+                    s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
+                    m.block_table[: m.num_decodes], m.max_seq_len, out=output[:d], kv_scale=kv_scale,
+                )
         if m.num_prefills:
             q_full = rope_and_cache(
                 s, positions[d:n], q[d:n, :, :nope], q[d:n, :, nope:], kv_c[d:n], k_pe[d:n], kv_cache,
@@ -203,7 +247,12 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
             latent = kv_cache[blocks, m.context_positions % block_size]
             if kv_scale is not None:
                 latent = (latent.float() * kv_scale).to(q.dtype)
-            output[d:n] = mla_prefill(s, q_full, latent, m.prefill_query_start_loc, m.prefill_context_start_loc)
+            if self.fa3:
+                mla_fa3.prefill(s, q_full, latent, m.prefill_query_start_loc, m.prefill_context_start_loc,
+                                m.max_query_len, m.max_seq_len, output[d:n])
+            else:
+                output[d:n] = mla_prefill(s, q_full, latent, m.prefill_query_start_loc,
+                                          m.prefill_context_start_loc)
         return output
 
     def compile_prefill_kernels(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> None:
@@ -243,7 +292,7 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
                 f"layer needs a feature ATOM's MLA lacks, e.g. kv_cache_dtype={self.kv_cache_dtype!r}). "
                 "Set ATOM_DISABLE_VLLM_PLUGIN=1 to serve the model with vLLM's own implementation."
             )
-        self.impl = ATOMMLAImpl(spec)
+        self.impl = ATOMMLAImpl(spec, mla_kernels(_fp8_cache(self.kv_cache_dtype)))
         # vLLM's default scale of an FP8 cache, under the name its attention layers give it.
         self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
         self.kv_cache = torch.tensor([])
@@ -269,5 +318,5 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
         metadata, _, kv_cache, _ = get_attention_context(self.layer_name)
         if out is None:
             out = q.new_empty(q.shape[0], self.spec.num_heads * self.spec.v_head_dim)
-        kv_scale = self._k_scale if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES else None
+        kv_scale = self._k_scale if _fp8_cache(self.kv_cache_dtype) else None
         return self.impl.forward(positions, q, kv_c, k_pe, kv_cache, metadata, out, kv_scale)
