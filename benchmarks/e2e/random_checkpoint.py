@@ -11,9 +11,9 @@ engines load the same bytes.
 The tensors are the ones HF transformers' ``save_pretrained`` writes for the config: the model class is
 built on the meta device, tied weights dropped (``tie_word_embeddings``) and the state dict turned back
 into the published layout (transformers 5, which vLLM 0.26 requires, fuses MoE experts in memory;
-checkpoints keep one tensor per expert). Matrices N(0, 0.02), norm weights 1, every other vector 0
-(biases, DeepSeek-V3's ``e_score_correction_bias``), each in the dtype HF gives it: bf16, or fp32 where
-HF keeps fp32. Made one tensor at a time, on the GPU when there is one, into shards of at most 4 GB.
+checkpoints keep one tensor per expert). Matrices N(0, 0.02), norm weights 1, biases (DeepSeek-V3's
+``e_score_correction_bias`` too) and every other vector 0, each in the dtype HF gives it: bf16, or fp32
+where HF keeps fp32. Made one tensor at a time, on the GPU when there is one, into shards of at most 4 GB.
 """
 
 import argparse
@@ -54,8 +54,9 @@ def checkpoint_layout(config: dict) -> dict[str, torch.Tensor]:
 
 
 def random_tensor(name: str, meta: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Matrices N(0, 0.02); norm weights 1; biases and other vectors 0. On the CPU."""
-    if meta.dim() >= 2:
+    """Matrices N(0, 0.02); norm weights 1; biases (gpt-oss's per-expert ones are matrices) and other
+    vectors 0. On the CPU."""
+    if meta.dim() >= 2 and not name.endswith("bias"):
         tensor = torch.empty(meta.shape, dtype=meta.dtype, device=generator.device)
         return tensor.normal_(0, STD, generator=generator).cpu()
     fill = 1 if name.endswith("norm.weight") else 0
