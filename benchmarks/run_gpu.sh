@@ -2,14 +2,14 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile.
+# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile mla-checkpoint-offline.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile mla-checkpoint-offline"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
@@ -21,6 +21,22 @@ profile() {
         --config "$here/models/$model.json" --out "$out/profile-$model-$mode.json" --workload-prompts 256
     done
   done
+}
+# Both engines on a random checkpoint of MODEL on disk (WRITER: random_mxfp4_checkpoint.py for MXFP4,
+# random_checkpoint.py for bf16: formats or weights that vLLM's dummy loader gets wrong), each run into
+# OUT_DIR/RUNS, then bench_offline.py's REPORT from those runs; the checkpoint is deleted after.
+checkpoint_offline() {  # WRITER MODEL RUNS REPORT
+  local writer=$1 model=$2 runs=$out/$3 report=$out/$4 tmp
+  tmp=$(mktemp -d)
+  python3 "$here/e2e/$writer" --config "$here/models/$model.json" --out "$tmp/$model"
+  mkdir -p "$runs"
+  for mode in native atom; do
+    [ $mode = native ] && flag=1 || flag=
+    ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$tmp/$model" \
+      --out "$runs/run-$model-$mode.json" > "$runs/run-$model-$mode.json.log" 2>&1
+  done
+  python3 "$here/e2e/bench_offline.py" --runs-dir "$runs" --out "$report" "$model"
+  rm -rf "$tmp"
 }
 for step in $steps; do
   echo "== $step $(date +%T)"
@@ -41,21 +57,13 @@ for step in $steps; do
     fp8-offline) python3 "$here/e2e/bench_offline.py" --out "$out/offline-fp8.json" qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
     fp8-kv-offline) python3 "$here/e2e/bench_offline.py" --kv-cache-dtype fp8 --out "$out/offline-fp8-kv.json" \
                       qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
-    mxfp4-offline) # A checkpoint on disk (see random_mxfp4_checkpoint.py), then both engines on it.
-                   ckpt=$(mktemp -d)/gpt-oss-20b-mxfp4
-                   python3 "$here/e2e/random_mxfp4_checkpoint.py" --config "$here/models/gpt-oss-20b-mxfp4.json" \
-                     --out "$ckpt"
-                   mkdir -p "$out/mxfp4-runs"
-                   for mode in native atom; do
-                     [ $mode = native ] && flag=1 || flag=
-                     # ATOM serves MXFP4 checkpoints only when asked (atom_core.envs.serve_mxfp4).
-                     ATOM_DISABLE_VLLM_PLUGIN=$flag ATOM_SERVE_MXFP4=1 python3 "$here/e2e/engine_run.py" --checkpoint "$ckpt" \
-                       --out "$out/mxfp4-runs/run-gpt-oss-20b-mxfp4-$mode.json" \
-                       > "$out/mxfp4-runs/run-gpt-oss-20b-mxfp4-$mode.json.log" 2>&1
-                   done
-                   python3 "$here/e2e/bench_offline.py" --runs-dir "$out/mxfp4-runs" --out "$out/offline-mxfp4.json" \
-                     gpt-oss-20b-mxfp4
-                   rm -rf "$ckpt" ;;
+    # ATOM serves MXFP4 checkpoints only when asked (atom_core.envs.serve_mxfp4).
+    mxfp4-offline) ATOM_SERVE_MXFP4=1 checkpoint_offline random_mxfp4_checkpoint.py gpt-oss-20b-mxfp4 mxfp4-runs \
+                     offline-mxfp4.json ;;
+    # As mla-offline, on N(0, 0.02) weights: dummy weights route a MoE onto a few experts, differently in
+    # each engine.
+    mla-checkpoint-offline) checkpoint_offline random_checkpoint.py deepseek-v2-lite mla-ckpt-runs \
+                              offline-mla-checkpoint.json ;;
     fp8-gemm) python3 "$here/kernels/bench_fp8_gemm.py" --out "$out/fp8-gemm.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -7,7 +7,8 @@ Prompts are random token ids with a fixed seed, so native and ATOM runs see the 
 workload, its arguments and the result's keys are offline_workload.py's, shared with sglang_run.py); dummy
 weights depend only on each parameter's shape (vLLM's dummy loader), so both see the same weights.
 ``--checkpoint`` loads a checkpoint written on disk instead (random_mxfp4_checkpoint.py: formats whose
-weights vLLM's dummy loader leaves uninitialised).
+weights vLLM's dummy loader leaves uninitialised; random_checkpoint.py: bf16 MoE models, whose routing
+dummy weights collapse onto a few experts). The directory needs no tokenizer (``skip_tokenizer_init``).
 """
 
 import argparse

@@ -1,0 +1,107 @@
+"""A random bf16 Hugging Face checkpoint of full size for a model shape in benchmarks/models, for benchmarks.
+
+    python random_checkpoint.py --config ../models/deepseek-v2-lite.json --out DIR [--layers N] [--seed S]
+
+vLLM's dummy loader fills every parameter from U(-1e-3, 1e-3), seeded alike for each parameter, so a
+MoE router's logits are near-ties and routing collapses onto a few experts, and onto different ones in
+two engines whose parameter layouts differ (on an H200, vLLM alone's MoE at decode batch 256 read far
+fewer experts than it could). Weights on disk drawn from N(0, 0.02) route over many experts, and both
+engines load the same bytes.
+
+The tensors are the ones HF transformers' ``save_pretrained`` writes for the config: the model class is
+built on the meta device, tied weights dropped (``tie_word_embeddings``) and the state dict turned back
+into the published layout (transformers 5, which vLLM 0.26 requires, fuses MoE experts in memory;
+checkpoints keep one tensor per expert). Matrices N(0, 0.02), norm weights 1, biases (DeepSeek-V3's
+``e_score_correction_bias`` too) and every other vector 0, each in the dtype HF gives it: bf16, or fp32
+where HF keeps fp32. Made one tensor at a time, on the GPU when there is one, into shards of at most 4 GB.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.core_model_loading import revert_weight_conversion
+from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+SHARD_BYTES = 4 * 2**30
+STD = 0.02
+
+
+def read_config(path: str, layers: int | None) -> dict:
+    """The config to write: ``path``'s, cut to its first ``layers`` layers if given."""
+    with open(path) as f:
+        config = json.load(f)
+    if "quantization_config" in config:
+        raise SystemExit(f"{path} has a quantization_config: this writer makes bf16 checkpoints only "
+                         "(gpt-oss MXFP4: random_mxfp4_checkpoint.py)")
+    if layers:
+        config["num_hidden_layers"] = layers
+        if "layer_types" in config:
+            config["layer_types"] = config["layer_types"][:layers]
+    return config
+
+
+def checkpoint_layout(config: dict) -> dict[str, torch.Tensor]:
+    """Name -> meta tensor (shape and dtype) of every tensor a checkpoint of ``config`` holds, as
+    ``save_pretrained`` names and shapes them."""
+    hf_config = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+    return revert_weight_conversion(model, remove_tied_weights_from_state_dict(model.state_dict(), model))
+
+
+def random_tensor(name: str, meta: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Matrices N(0, 0.02); norm weights 1; biases (gpt-oss's per-expert ones are matrices) and other
+    vectors 0. On the CPU."""
+    if meta.dim() >= 2 and not name.endswith("bias"):
+        tensor = torch.empty(meta.shape, dtype=meta.dtype, device=generator.device)
+        return tensor.normal_(0, STD, generator=generator).cpu()
+    fill = 1 if name.endswith("norm.weight") else 0
+    return torch.full(meta.shape, fill, dtype=meta.dtype)
+
+
+def plan_shards(layout: dict[str, torch.Tensor], limit: int) -> list[list[str]]:
+    """Tensor names grouped in order into shards of at most ``limit`` bytes (or one tensor)."""
+    shards, size = [[]], 0
+    for name, meta in layout.items():
+        nbytes = meta.numel() * meta.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True, help="an HF config.json, e.g. ../models/deepseek-v2-lite.json")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--layers", type=int, default=None, help="the first N layers only (reduced depth)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    config = read_config(args.config, args.layers)
+    layout = checkpoint_layout(config)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator(device).manual_seed(args.seed)
+    shards = plan_shards(layout, SHARD_BYTES)
+    weight_map = {}
+    for number, names in enumerate(shards, 1):
+        shard = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: random_tensor(name, layout[name], generator) for name in names}
+        save_file(tensors, os.path.join(args.out, shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, shard))
+    total_size = sum(meta.numel() * meta.element_size() for meta in layout.values())
+    with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, indent=1)
+    print(f"wrote {len(weight_map)} tensors, {total_size / 1e9:.1f} GB in {len(shards)} shards, to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
