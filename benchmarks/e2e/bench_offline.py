@@ -146,21 +146,28 @@ def served_by_lines(report: dict) -> list[str]:
     return lines
 
 
+def weights_cell(entry: dict) -> str:
+    """"bf16 dummy", "block-FP8 128x128 checkpoint", ... (runs made before engines recorded it: dummy)."""
+    return f"{entry['weights']} {entry['native'].get('weights_from', 'dummy')}"
+
+
 def markdown(report: dict) -> str:
     engine = report["engine"]
     lines = [f"# Offline throughput on {report['device']} ({ENGINES[engine].name} {report[engine]}, "
              f"torch {report['torch']})", "",
-             f"{workload_line(report)}, dummy weights, KV cache dtype {report['kv_cache_dtype']}.", "",
+             f"{workload_line(report)}, KV cache dtype {report['kv_cache_dtype']}; weights: dummy (vLLM's "
+             "load_format=dummy) or a random checkpoint on disk (random_checkpoint.py, random_mxfp4_checkpoint.py).",
+             "",
              "| model | weights | weights GiB native / ATOM | native out tok/s | ATOM out tok/s | ATOM / native | "
              "identical sequences | first-step logprob max diff |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in report["models"].items():
         memory = f"{gib(entry['native'])} / {gib(entry['atom'])}"
         if "ratio" not in entry:
-            lines.append(f"| {name} | {entry['weights']} dummy | {memory} | failed | | | | |")
+            lines.append(f"| {name} | {weights_cell(entry)} | {memory} | failed | | | | |")
             continue
         agreement = entry["agreement"]
         lines.append(
-            f"| {name} | {entry['weights']} dummy | {memory} | {entry['native']['throughput']['output_tok_s']:.0f} | "
+            f"| {name} | {weights_cell(entry)} | {memory} | {entry['native']['throughput']['output_tok_s']:.0f} | "
             f"{entry['atom']['throughput']['output_tok_s']:.0f} | {entry['ratio']['output_tok_s']:.2f} | "
             f"{agreement['identical_sequences']}/{agreement['prompts']} x {agreement['tokens_per_prompt']} tokens | "
             f"{agreement['first_step_top20_logprob_max_abs_diff']:.1e} |")

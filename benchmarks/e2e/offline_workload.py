@@ -59,6 +59,7 @@ def run_header(args: argparse.Namespace, engine: str, atom_disabled: bool, engin
                served_by: dict) -> dict:
     """The keys every engine run's result starts with."""
     return {"engine": engine, "config": os.path.basename(args.config or args.checkpoint), "eager": args.eager,
+            "weights_from": "checkpoint" if getattr(args, "checkpoint", None) else "dummy",
             "kv_cache_dtype": args.kv_cache_dtype, "atom_disabled": atom_disabled,
             "engine_start_s": engine_start_s, "served_by": served_by}
 
