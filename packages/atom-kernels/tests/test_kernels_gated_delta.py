@@ -103,11 +103,20 @@ def test_chunked_triton_equals_recurrent_triton():
 
 
 def hf_delta_rule_functions():
-    """HF's own torch functions, unwrapped from the decorator that may swap in FLA's kernels."""
+    """HF's own torch functions, unwrapped from the decorator that may swap in FLA's kernels, called
+    with q and k repeated to the value heads as Qwen3-Next's layer does before transformers 5.23
+    (5.17's functions take equal head counts only; 5.23's also take them repeated)."""
     qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+
+    def with_heads_repeated(function):
+        def call(q, k, v, **kwargs):
+            repeat = v.shape[-2] // q.shape[-2]
+            return function(q.repeat_interleave(repeat, dim=-2), k.repeat_interleave(repeat, dim=-2), v, **kwargs)
+        return call
+
     return (
-        inspect.unwrap(qwen3_next.torch_recurrent_gated_delta_rule),
-        inspect.unwrap(qwen3_next.torch_chunk_gated_delta_rule),
+        with_heads_repeated(inspect.unwrap(qwen3_next.torch_recurrent_gated_delta_rule)),
+        with_heads_repeated(inspect.unwrap(qwen3_next.torch_chunk_gated_delta_rule)),
     )
 
 
