@@ -21,7 +21,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from atom_core.quantization.kv_cache import KV_ZERO_POINT, kv_scale_param_name
+from atom_core.log import logger
+from atom_core.quantization.kv_cache import FP8_ATTENTION_SCALE, KV_ZERO_POINT, kv_scale_param_name
 
 
 class CheckpointError(ValueError):
@@ -119,7 +120,11 @@ def load_weights(
     """Load HF-named tensors into ``model``; returns the names of all loaded parameters."""
     params = {name: p for name, p in model.named_parameters() if hasattr(p, "expected_shards")}
     filled: dict[str, set[Any]] = {name: set() for name in params}
+    fp8_attention_scales = 0
     for name, tensor in weights:
+        if re.fullmatch(FP8_ATTENTION_SCALE, name):
+            fp8_attention_scales += 1
+            continue
         if weight_map.is_ignored(name):
             continue
         try:
@@ -138,6 +143,9 @@ def load_weights(
         except (ValueError, IndexError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint tensor {name!r}: {exc}") from exc
         filled[param_name].add(shard)
+    if fp8_attention_scales:
+        logger.info("skipped the checkpoint's %d FP8-attention scales (q_scale / prob_scale): ATOM's "
+                    "attention keeps queries and probabilities in 16 bits", fp8_attention_scales)
     for param_name, param in params.items():
         missing = [s for s in param.expected_shards if s not in filled[param_name]]
         if missing:

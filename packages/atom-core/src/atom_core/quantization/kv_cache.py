@@ -11,9 +11,11 @@ The checkpoint names ATOM reads (as vLLM 0.26 does, ``maybe_remap_kv_scale_name`
 | ``self_attn.kv_scale`` | legacy: one for K and V | ``k_scale``; the host copies it to V |
 
 compressed-tensors zero points (``self_attn.k_zero_point``; symmetric schemes only, so zero) are
-skipped, as vLLM skips them. Query and probability scales (``q_scale``, ``prob_scale``) quantize
-attention math to FP8, which ATOM's attention does not do: a checkpoint carrying them is an error
-naming the tensor.
+skipped, as vLLM skips them. Query and probability scales (``q_scale``, ``prob_scale``) let an
+attention kernel quantize its query and softmax probabilities to FP8 (vLLM uses them only with an
+FP8 KV cache, on backends that do so); ATOM's attention keeps both in 16 bits, so it skips them
+(:data:`FP8_ATTENTION_SCALE`) and says so once per load, rather than refusing a checkpoint that the
+host serves.
 """
 
 from __future__ import annotations
@@ -28,15 +30,11 @@ _KV_SCALE_NAMES = (
     (re.compile(r"\.self_attn\.kv_scale$"), r".self_attn.attn.k_scale"),
 )
 KV_ZERO_POINT = r".*\.self_attn\.[qkv]_zero_point"
-_FP8_ATTENTION_SCALE = re.compile(r"\.self_attn\.(?:q_proj\.)?(q_scale|prob_scale)$")
+FP8_ATTENTION_SCALE = r".*\.self_attn\.(?:q_proj\.)?(?:q_scale|prob_scale)"
 
 
 def kv_scale_param_name(name: str) -> str | None:
-    """The ATOM parameter of the checkpoint KV-cache scale ``name``, or None when ``name`` is none.
-    Raises ValueError for the query / probability scales of FP8 attention."""
-    if _FP8_ATTENTION_SCALE.search(name):
-        raise ValueError(f"checkpoint tensor {name!r} scales FP8 attention math (query or softmax "
-                         "probabilities), which ATOM's attention does not quantize")
+    """The ATOM parameter of the checkpoint KV-cache scale ``name``, or None when ``name`` is none."""
     for pattern, replacement in _KV_SCALE_NAMES:
         if pattern.search(name):
             return pattern.sub(replacement, name)
