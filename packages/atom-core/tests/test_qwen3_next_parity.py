@@ -13,6 +13,7 @@ pytest.importorskip("transformers.models.qwen3_next", reason="this transformers 
 
 from safetensors import safe_open  # noqa: E402
 from test_hf_parity import assert_logits_close, atom_batch_logits, hf_logits  # noqa: E402
+from test_tensor_parallel import assert_tp_matches_single_rank, run_tp  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 
 from atom_core import Config  # noqa: E402
@@ -65,3 +66,10 @@ def test_logits_match_hf(model_dir):
     """Four sequences of 1 to 130 tokens, batched, vs HF one at a time."""
     sequences, logits = atom_batch_logits(atom_qwen3_next(model_dir), [70, 1, 130, 23], seed=1)
     assert_logits_close(logits, torch.cat(hf_logits(model_dir, sequences)))
+
+
+def test_tp2_matches_single_rank(model_dir, tmp_path):
+    """Two gloo ranks, each with one of the two key-head groups (q/k/v/z rows, conv channels per
+    section, A_log and dt_bias by value head) and two of the four attention heads."""
+    ranks = run_tp(2, [model_dir], tmp_path, atom_qwen3_next)
+    assert_tp_matches_single_rank(2, ranks, model_dir, atom_qwen3_next)
