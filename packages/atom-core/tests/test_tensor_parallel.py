@@ -35,8 +35,9 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, positions
 
 
-def logits_and_param_count(model_dir: str) -> tuple[torch.Tensor, int]:
-    model = atom_model(model_dir)
+def logits_and_param_count(model_dir: str, build=atom_model) -> tuple[torch.Tensor, int]:
+    """``build(model_dir)``'s logits on :func:`batch` and its parameter count on this rank."""
+    model = build(model_dir)
     input_ids, positions = batch()
     with torch.no_grad(), standalone_batch(LENGTHS):
         logits = model.compute_logits(model(input_ids, positions))
@@ -54,13 +55,14 @@ def gloo_all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def tp_worker(rank: int, world_size: int, init_file: str, model_dirs: list[str], out_dir: str) -> None:
+def tp_worker(rank: int, world_size: int, init_file: str, model_dirs: list[str], out_dir: str,
+              build=atom_model) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     set_tp_group(TPGroup(rank, world_size, gloo_all_reduce, gloo_all_gather))
     results = {}
     for model_dir in model_dirs:
-        logits, count = logits_and_param_count(model_dir)
+        logits, count = logits_and_param_count(model_dir, build)
         results[model_dir] = (logits if rank == 0 else None, count)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     # Every rank's result is on disk once all reach the barrier. Then leave without tearing gloo
@@ -80,17 +82,26 @@ def tp_run(request, model_dirs, tmp_path_factory):
     """Run all architectures once at this TP size; per rank: {model_dir: (logits | None, count)}."""
     world_size = request.param
     out_dir = tmp_path_factory.mktemp(f"tp{world_size}")
-    mp.spawn(tp_worker, args=(world_size, str(out_dir / "init"), list(model_dirs.values()), str(out_dir)),
+    return world_size, run_tp(world_size, list(model_dirs.values()), out_dir)
+
+
+def run_tp(world_size: int, model_dirs: list[str], out_dir, build=atom_model) -> list[dict]:
+    """Each rank's {model_dir: (logits | None, count)} of ``build``'s models at this TP size."""
+    mp.spawn(tp_worker, args=(world_size, str(out_dir / "init"), model_dirs, str(out_dir), build),
              nprocs=world_size, join=True)
-    return world_size, [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_tp_matches_single_rank(tp_run, model_dirs, architecture):
     world_size, ranks = tp_run
-    model_dir = model_dirs[architecture]
+    assert_tp_matches_single_rank(world_size, ranks, model_dirs[architecture])
+
+
+def assert_tp_matches_single_rank(world_size: int, ranks: list[dict], model_dir: str,
+                                  build=atom_model) -> None:
     set_tp_group(SINGLE_RANK)
-    expected, full_count = logits_and_param_count(model_dir)
+    expected, full_count = logits_and_param_count(model_dir, build)
     logits = ranks[0][model_dir][0]
     assert logits.shape == expected.shape
     rel = (logits - expected).norm() / expected.norm()

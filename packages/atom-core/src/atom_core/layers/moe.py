@@ -7,7 +7,8 @@ Family differences are constructor arguments:
   with optional renormalisation and a routed scaling factor.
 - :class:`FusedMoE`: the gated activation (SiLU, or GPT-OSS's clamped SwiGLU), gate/up rows
   concatenated ``[gate | up]`` or interleaved, expert biases, and the checkpoint layout.
-- :class:`SparseMoeBlock`: routed experts plus optional always-on shared experts.
+- :class:`SparseMoeBlock`: routed experts plus optional always-on shared experts, optionally
+  scaled per token by a sigmoid gate (Qwen3-Next's ``shared_expert_gate``).
 
 A model describes its experts once, as a :class:`MoeSpec` read from its HF config, and builds each
 sparse layer's block with :meth:`SparseMoeBlock.from_spec`.
@@ -44,7 +45,7 @@ from torch import nn
 
 import atom_kernels
 from atom_core.distributed import divide, get_tp_group
-from atom_core.layers.linear import copy_checked, default_weight_loader, make_param
+from atom_core.layers.linear import ReplicatedLinear, copy_checked, default_weight_loader, make_param
 from atom_core.layers.mlp import GatedMLP
 from atom_core.quantization import Mxfp4Scheme, layer_scheme
 from atom_core.quantization.fp8 import FP8_DTYPE
@@ -315,7 +316,8 @@ class FusedMoE(nn.Module):
 class MoeSpec:
     """The sparse MLP of one model: router (:class:`TopKRouter`'s arguments; ``router_bias`` is its
     ``bias``), routed experts (:class:`FusedMoE`'s; ``expert_bias`` is its ``bias``) and shared
-    experts, a :class:`GatedMLP` of ``shared_intermediate_size`` (0: none) with ``shared_bias``."""
+    experts, a :class:`GatedMLP` of ``shared_intermediate_size`` (0: none) with ``shared_bias``,
+    scaled by ``sigmoid(shared_expert_gate(x))`` if ``shared_gate``."""
 
     num_experts: int
     top_k: int
@@ -335,20 +337,26 @@ class MoeSpec:
     checkpoint_layout: str = PER_EXPERT
     shared_intermediate_size: int = 0
     shared_bias: bool = False
+    shared_gate: bool = False
 
 
 class SparseMoeBlock(nn.Module):
-    """``experts(x, gate(x))`` plus, if given, ``shared_experts(x)`` (a dense MLP every token runs).
+    """``experts(x, gate(x))`` plus, if given, ``shared_experts(x)`` (a dense MLP every token runs),
+    times ``sigmoid(shared_expert_gate(x))`` (one logit per token) if that is given too.
 
     Checkpoint names follow the attribute names: ``<prefix>.gate``, ``<prefix>.experts``,
-    ``<prefix>.shared_experts``.
+    ``<prefix>.shared_experts``, ``<prefix>.shared_expert_gate``.
     """
 
-    def __init__(self, gate: TopKRouter, experts: FusedMoE, shared_experts: nn.Module | None = None):
+    def __init__(self, gate: TopKRouter, experts: FusedMoE, shared_experts: nn.Module | None = None,
+                 shared_expert_gate: nn.Module | None = None):
         super().__init__()
+        if shared_expert_gate is not None and shared_experts is None:
+            raise ValueError("a shared expert gate needs shared experts")
         self.gate = gate
         self.experts = experts
         self.shared_experts = shared_experts
+        self.shared_expert_gate = shared_expert_gate
 
     @classmethod
     def from_spec(cls, spec: MoeSpec, hidden_size: int, prefix: str) -> SparseMoeBlock:
@@ -364,14 +372,19 @@ class SparseMoeBlock(nn.Module):
             swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit,
             checkpoint_layout=spec.checkpoint_layout,
         )
-        shared = None
+        shared = shared_gate = None
         if spec.shared_intermediate_size:
             shared = GatedMLP(hidden_size, spec.shared_intermediate_size, f"{prefix}.shared_experts",
                               bias=spec.shared_bias)
-        return cls(gate, experts, shared)
+        if spec.shared_gate:
+            shared_gate = ReplicatedLinear(hidden_size, 1, prefix=f"{prefix}.shared_expert_gate")
+        return cls(gate, experts, shared, shared_gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, *self.gate(x))
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+            shared = self.shared_experts(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
         return out

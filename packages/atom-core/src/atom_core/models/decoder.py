@@ -57,7 +57,8 @@ class DecoderSpec:
     """The trunk: embedding, layer count, RMSNorm eps (every norm of the trunk and its layers), LM
     head. ``num_mtp_layers``: multi-token-prediction layers that hub checkpoints (GLM-4.5,
     DeepSeek-V3) append after the last decoder layer; ATOM serves the base model and skips them, as
-    HF transformers does."""
+    HF transformers does. ``zero_centred_norms``: the trunk's and layers' norms scale by ``1 + w``
+    (:class:`RMSNorm`), a property of the family rather than of its config."""
 
     vocab_size: int
     hidden_size: int
@@ -65,9 +66,10 @@ class DecoderSpec:
     rms_norm_eps: float
     tie_word_embeddings: bool
     num_mtp_layers: int
+    zero_centred_norms: bool = False
 
     @classmethod
-    def from_hf(cls, hf: Any) -> DecoderSpec:
+    def from_hf(cls, hf: Any, zero_centred_norms: bool = False) -> DecoderSpec:
         return cls(
             vocab_size=hf.vocab_size,
             hidden_size=hf.hidden_size,
@@ -75,6 +77,7 @@ class DecoderSpec:
             rms_norm_eps=hf.rms_norm_eps,
             tie_word_embeddings=getattr(hf, "tie_word_embeddings", False),
             num_mtp_layers=getattr(hf, "num_nextn_predict_layers", 0) or 0,
+            zero_centred_norms=zero_centred_norms,
         )
 
 
@@ -110,13 +113,18 @@ def hf_sliding_windows(hf: Any) -> tuple[int | None, ...]:
 
 
 class DecoderLayer(nn.Module):
-    """x -> norm -> self_attn -> (+res) norm -> mlp, with residual adds fused into the norms."""
+    """x -> norm -> mixer -> (+res) norm -> mlp, with residual adds fused into the norms.
 
-    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float):
+    The mixer (``mixer(positions, x)``) is self-attention, named ``self_attn``, or in hybrid models
+    another token mixer under its checkpoint name (``mixer_name``: Qwen3-Next's ``linear_attn``)."""
+
+    def __init__(self, mixer: nn.Module, mlp: nn.Module, hidden_size: int, eps: float,
+                 zero_centred_norms: bool = False, mixer_name: str = "self_attn"):
         super().__init__()
-        self.input_layernorm = RMSNorm(hidden_size, eps)
-        self.self_attn = self_attn
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.input_layernorm = RMSNorm(hidden_size, eps, zero_centred_norms)
+        self.mixer_name = mixer_name
+        self.add_module(mixer_name, mixer)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, zero_centred_norms)
         self.mlp = mlp
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
@@ -126,7 +134,7 @@ class DecoderLayer(nn.Module):
             hidden_states = self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states = getattr(self, self.mixer_name)(positions, hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -142,7 +150,7 @@ class DecoderModel(nn.Module):
             self.layers = nn.ModuleList(
                 make_layer(i, f"{prefix}.layers.{i}") for i in range(spec.num_layers)
             )
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.zero_centred_norms)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -159,16 +167,17 @@ class CausalLM(nn.Module):
 
     ``hf_defaults``: HF's defaults (transformers 5.23) of the optional config keys the family
     reads, for configs and transformers releases that lack them (atom_core.hosting.hf_config).
-    A subclass sets ``WEIGHT_MAP``, reads its specs in ``__init__`` before calling this one, and
-    implements :meth:`make_layer`."""
+    A subclass sets ``WEIGHT_MAP`` (and ``zero_centred_norms`` if its norms scale by ``1 + w``),
+    reads its specs in ``__init__`` before calling this one, and implements :meth:`make_layer`."""
 
     hf_defaults: ClassVar[dict[str, Any]] = {}
+    zero_centred_norms: ClassVar[bool] = False
     WEIGHT_MAP: ClassVar[WeightMap]
 
     def __init__(self, config: Config, prefix: str = ""):
         super().__init__()
         self.config = config
-        self.decoder = DecoderSpec.from_hf(config.hf_config)
+        self.decoder = DecoderSpec.from_hf(config.hf_config, self.zero_centred_norms)
         fused: dict[str, list[str]] = {}
         for rule in self.WEIGHT_MAP.stacked:
             fused.setdefault(rule.param, []).append(rule.checkpoint)
@@ -198,7 +207,13 @@ class CausalLM(nn.Module):
         ``mlp``."""
         attention = DecoderSelfAttention(self.attention, layer_id, f"{prefix}.self_attn",
                                          self.sliding_windows[layer_id])
-        return DecoderLayer(attention, mlp, self.decoder.hidden_size, self.decoder.rms_norm_eps)
+        return self.decoder_layer(attention, mlp)
+
+    def decoder_layer(self, mixer: nn.Module, mlp: nn.Module,
+                      mixer_name: str = "self_attn") -> DecoderLayer:
+        """A :class:`DecoderLayer` of this trunk's width and norms around ``mixer`` and ``mlp``."""
+        d = self.decoder
+        return DecoderLayer(mixer, mlp, d.hidden_size, d.rms_norm_eps, d.zero_centred_norms, mixer_name)
 
     def sparse_or_dense_mlp(self, layer_id: int, prefix: str) -> nn.Module:
         """The experts (``self.moe``) on the layers in ``self.sparse_layers``, else a dense gated

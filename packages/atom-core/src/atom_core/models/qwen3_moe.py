@@ -8,11 +8,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from atom_core.config import Config
 from atom_core.layers.moe import MoeSpec
 from atom_core.loader import ExpertWeightNames, WeightMap
 from atom_core.models.decoder import STACKED_QKV_GATE_UP, CausalLM, DecoderLayer, hf_sliding_windows
 from atom_core.models.qwen3 import QWEN3_HF_DEFAULTS, qwen3_attention_spec
+
+
+def qwen3_moe_sparse_layers(hf: Any) -> frozenset[int]:
+    """The layers with experts: every ``decoder_sparse_step``-th but the ``mlp_only_layers``."""
+    return frozenset(
+        i for i in range(hf.num_hidden_layers)
+        if i not in (hf.mlp_only_layers or []) and hf.num_experts > 0
+        and (i + 1) % hf.decoder_sparse_step == 0
+    )
 
 
 class Qwen3MoeForCausalLM(CausalLM):
@@ -27,11 +38,7 @@ class Qwen3MoeForCausalLM(CausalLM):
         self.intermediate_size = hf.intermediate_size
         self.moe = MoeSpec(num_experts=hf.num_experts, top_k=hf.num_experts_per_tok,
                            intermediate_size=hf.moe_intermediate_size, renormalize=hf.norm_topk_prob)
-        self.sparse_layers = frozenset(
-            i for i in range(hf.num_hidden_layers)
-            if i not in (hf.mlp_only_layers or []) and hf.num_experts > 0
-            and (i + 1) % hf.decoder_sparse_step == 0
-        )
+        self.sparse_layers = qwen3_moe_sparse_layers(hf)
         super().__init__(config, prefix)
 
     def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:

@@ -168,6 +168,27 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
             truncate=False, original_max_position_embeddings=32,
         ),
     ),
+    # Not served by ATOM yet (atom_core.models.qwen3_next): tests build it directly. Gated DeltaNet
+    # and gated full attention per layer_types; 2 key / 4 value heads of different sizes (16 / 24);
+    # partial rotary (a quarter of the head); a shared expert with its sigmoid gate; layer 2 dense.
+    "Qwen3NextForCausalLM": dict(
+        model_type="qwen3_next",
+        rope_theta=10000.0,
+        partial_rotary_factor=0.25,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=24,
+        linear_conv_kernel_dim=4,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=40,
+        norm_topk_prob=True,
+        mlp_only_layers=[2],
+    ),
 }
 
 
@@ -206,8 +227,10 @@ def build_tokenizer(out_dir: str) -> None:
 
 
 def build_tiny_model(architecture: str, out_dir: str, seed: int = 0, std: float = 0.1,
-                     **overrides: Any) -> str:
-    """Write a tiny random ``architecture`` checkpoint to ``out_dir`` (fp32) and return the path."""
+                     random_norms: bool = False, **overrides: Any) -> str:
+    """Write a tiny random ``architecture`` checkpoint to ``out_dir`` (fp32) and return the path.
+    ``random_norms``: norm weights too get noise of ``std`` around HF's init (ones, or zeros for
+    zero-centred norms), so that a test sees how they are loaded and applied."""
     from transformers import AutoModelForCausalLM
 
     config = tiny_hf_config(architecture, **overrides)
@@ -220,6 +243,8 @@ def build_tiny_model(architecture: str, out_dir: str, seed: int = 0, std: float 
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             if name.endswith("bias"):
                 tensor.normal_(0.0, std)
+            elif random_norms and name.endswith("norm.weight"):
+                tensor.add_(torch.randn_like(tensor) * std)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     build_tokenizer(out_dir)
