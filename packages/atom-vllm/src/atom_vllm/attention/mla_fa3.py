@@ -1,7 +1,7 @@
 """FlashAttention-3 from vLLM's wheel (``vllm.vllm_flash_attn``) as the attention core of ATOM's MLA.
 
 On an H200 ATOM's Triton MLA kernels run level with vLLM's Triton MLA but far behind FlashAttention-3:
-decode 1.8-2.2x its time at 16 heads and 6-9.7x at DeepSeek-V3's 128 heads from batch 32 up
+decode 1.1-2.2x its time at 16 heads and 1.1-9.7x at DeepSeek-V3's 128 heads (3.1-9.7x from batch 32)
 (``benchmarks/mla/results-h200-a76d00e.json``); prefill attention 6x (``benchmarks/results/
 profile-h200-deepseek-*-a76d00e.json``). vLLM ships FA3 compiled for Hopper, so where it runs (sm90,
 16-bit cache) ATOM's MLA backend hands it the two attention cores and keeps everything around them:
