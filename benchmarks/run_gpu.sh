@@ -2,14 +2,14 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile mla-checkpoint-offline.
+# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile mla-checkpoint-offline mla-serving.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile mla-checkpoint-offline"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm mla-offline mla-profile mla-checkpoint-offline mla-serving"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
@@ -62,8 +62,13 @@ for step in $steps; do
                      offline-mxfp4.json ;;
     # As mla-offline, on N(0, 0.02) weights: dummy weights route a MoE onto a few experts, differently in
     # each engine.
-    mla-checkpoint-offline) checkpoint_offline random_checkpoint.py deepseek-v2-lite mla-ckpt-runs \
-                              offline-mla-checkpoint.json ;;
+    # MLA_CHECKPOINT_MODELS picks the shapes (each checkpoint is about 31 GB on disk, one at a time).
+    mla-checkpoint-offline) for model in ${MLA_CHECKPOINT_MODELS:-deepseek-v2-lite moonlight-16b-a3b}; do
+                              checkpoint_offline random_checkpoint.py $model $model-ckpt-runs \
+                                offline-mla-checkpoint-$model.json
+                            done ;;
+    mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
+                   --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     fp8-gemm) python3 "$here/kernels/bench_fp8_gemm.py" --out "$out/fp8-gemm.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

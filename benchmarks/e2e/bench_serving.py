@@ -1,9 +1,12 @@
 """Serving latency and throughput: `vllm serve` native and with ATOM, `vllm bench serve` against each.
 
     python benchmarks/e2e/bench_serving.py --out serving.json [--model qwen3-8b] [--concurrencies 1,8,32,128]
+        [--random-weights]
 
 Same GPU, same run: the native server (ATOM_DISABLE_VLLM_PLUGIN=1) and then the ATOM server, each
-on dummy weights of benchmarks/models/MODEL.json with vLLM's defaults (torch.compile + CUDA graphs).
+on dummy weights of benchmarks/models/MODEL.json with vLLM's defaults (torch.compile + CUDA graphs);
+``--random-weights`` writes a random N(0, 0.02) checkpoint of the shape first (random_checkpoint.py:
+dummy weights collapse MoE routing) and serves that.
 For each concurrency, `vllm bench serve` sends 4 x concurrency random requests (1024 input / 128
 output tokens, ignore_eos). A word-level tokenizer (token i <-> the word "t<i>") makes the random
 prompts exactly as long as asked. Writes one JSON (device, versions, both runs, ratio = ATOM /
@@ -13,8 +16,10 @@ native per metric) and a markdown table next to it; plot_serving.py draws the PN
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -62,7 +67,7 @@ def wait_healthy(port: int, server: subprocess.Popen, timeout_s: float) -> bool:
 
 
 def serve_and_bench(model_dir: str, atom: bool, concurrencies: list[int], workdir: str, port: int,
-                    save) -> dict:
+                    save, dummy: bool) -> dict:
     """One server, every concurrency; ``save()`` after each, so a cut-off run keeps what it measured."""
     mode = "atom" if atom else "native"
     env = {**os.environ}
@@ -73,7 +78,8 @@ def serve_and_bench(model_dir: str, atom: bool, concurrencies: list[int], workdi
     log_path = os.path.join(workdir, f"serve-{mode}.log")
     started = time.perf_counter()
     with open(log_path, "w") as log:
-        server = subprocess.Popen([*SERVE, "--model", model_dir, "--load-format", "dummy", "--host", "127.0.0.1",
+        load_format = ["--load-format", "dummy"] if dummy else []
+        server = subprocess.Popen([*SERVE, "--model", model_dir, *load_format, "--host", "127.0.0.1",
                                    "--port", str(port), "--max-model-len", "4096"],
                                   env=env, stdout=log, stderr=subprocess.STDOUT)
     run = {"mode": mode, "log": os.path.basename(log_path)}
@@ -113,7 +119,8 @@ def serve_and_bench(model_dir: str, atom: bool, concurrencies: list[int], workdi
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Serving, {report['model']} shape on {report['device']} (vLLM {report['vllm']})", "",
+    lines = [f"# Serving, {report['model']} shape on {report['device']} (vLLM {report['vllm']}), "
+             f"{report.get('weights', 'dummy')} weights", "",
              "| concurrency | native out tok/s | ATOM out tok/s | ratio | native TTFT ms | ATOM TTFT ms "
              "| native TPOT ms | ATOM TPOT ms | native p99 ITL ms | ATOM p99 ITL ms |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -137,17 +144,24 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--model", default="qwen3-8b")
     parser.add_argument("--concurrencies", default="1,8,32,128")
+    parser.add_argument("--random-weights", action="store_true", help="serve a random checkpoint, not dummy weights")
     args = parser.parse_args()
     import torch
     import vllm
 
     concurrencies = [int(c) for c in args.concurrencies.split(",")]
     workdir = os.path.dirname(os.path.abspath(args.out))
-    model_dir = os.path.join(workdir, f"model-{args.model}")
-    write_model_dir(os.path.join(MODELS, f"{args.model}.json"), model_dir)
+    # A random checkpoint (tens of GB) goes to a scratch folder, deleted after, not beside the results.
+    model_dir = os.path.join(tempfile.mkdtemp() if args.random_weights else workdir, f"model-{args.model}")
+    config_path = os.path.join(MODELS, f"{args.model}.json")
+    write_model_dir(config_path, model_dir)
+    if args.random_weights:
+        subprocess.run([sys.executable, os.path.join(HERE, "random_checkpoint.py"), "--config", config_path,
+                        "--out", model_dir], check=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = {"device": device, "vllm": vllm.__version__, "torch": torch.__version__,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": args.model,
+              "weights": "random N(0, 0.02) checkpoint" if args.random_weights else "dummy",
               "workload": "random 1024 in / 128 out, ignore_eos, 4 x concurrency requests (at least 16)",
               "concurrencies": concurrencies}
     report["native"], report["atom"] = {}, {}
@@ -156,8 +170,11 @@ def main() -> None:
         report[mode] = run
         write_report(report, args.out)
 
-    serve_and_bench(model_dir, False, concurrencies, workdir, 8011, save)
-    serve_and_bench(model_dir, True, concurrencies, workdir, 8012, save)
+    dummy = not args.random_weights
+    serve_and_bench(model_dir, False, concurrencies, workdir, 8011, save, dummy)
+    serve_and_bench(model_dir, True, concurrencies, workdir, 8012, save, dummy)
+    if args.random_weights:
+        shutil.rmtree(model_dir)
     print(markdown(report), flush=True)
     done = all(str(c) in report[m].get("results", {}) for m in ("native", "atom") for c in concurrencies)
     sys.exit(0 if done else 1)

@@ -121,3 +121,19 @@ def test_fused_qk_rope_concat_and_cache_mla_fp8_cache(backend, is_neox):
         # fp32 rotation then one rounding to e4m3: at most half an e4m3 step (2^-4 relative) off
         torch.testing.assert_close(got, quantized[t], rtol=2**-4, atol=2**-9)
     assert (cache.view(torch.uint8) != 0).sum(dim=(1, 2)).count_nonzero() == 3
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("num_tokens, num_heads, nope_dim, v_dim, rope_dim",
+                         [(5, 3, 16, 8, 8), (9, 20, 128, 128, 64), (3, 128, 128, 128, 64)],
+                         ids=["tiny", "v2-lite", "v3-heads"])
+def test_concat_mla_k_builds_the_expanded_keys(backend, dtype, num_tokens, num_heads, nope_dim, v_dim, rope_dim):
+    """k_nope is a strided view of kv_b_proj's [S, H, P + V] output, k_pe one of the latent [S, L + R]."""
+    kv = rand(num_tokens, num_heads, nope_dim + v_dim, dtype=dtype)
+    latent = rand(num_tokens, 32 + rope_dim, dtype=dtype)
+    k_nope, k_pe = kv[..., :nope_dim], latent[:, 32:]
+    k = impl("concat_mla_k", backend)(k_nope, k_pe)
+    assert k.shape == (num_tokens, num_heads, nope_dim + rope_dim) and k.is_contiguous()
+    assert torch.equal(k[..., :nope_dim], k_nope)
+    assert torch.equal(k[..., nope_dim:], k_pe[:, None].expand(-1, num_heads, -1))

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
+from kernel_testing import DEVICE, LIBRARY, assert_close, backends, float_dtypes, impl, rand
 
 import atom_kernels
 
@@ -61,6 +61,21 @@ def hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, norm, scalin
         router.e_score_correction_bias.copy_(bias)
         _, weights, ids = router(logits.float())
     return weights, ids
+
+
+@pytest.mark.parametrize("backend", ["torch", *LIBRARY])
+@float_dtypes
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("num_tokens, hidden, num_experts", [(1, 64, 8), (37, 7168, 256)],
+                         ids=["tiny", "deepseek-v3"])
+def test_router_logits_are_fp32_sums_of_the_inputs(backend, dtype, with_bias, num_tokens, hidden, num_experts):
+    x, weight = rand(num_tokens, hidden, dtype=dtype), rand(num_experts, hidden, dtype=dtype, scale=0.02)
+    bias = rand(num_experts, dtype=dtype) if with_bias else None
+    logits = impl("router_logits", backend)(x, weight, bias)
+    want = x.double() @ weight.double().t() + (0 if bias is None else bias.double())
+    assert logits.dtype == torch.float32 and logits.shape == (num_tokens, num_experts)
+    # fp32 accumulation whatever the input dtype: the fp32 tolerance, not bf16's.
+    assert_close(logits, want, torch.float32, "accumulated")
 
 
 @backends

@@ -15,7 +15,7 @@ from atom_kernels.attention import paged_attention, varlen_attention
 from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
 from atom_kernels.gated_delta import gated_delta_rule, gated_delta_rule_decode
 from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
-from atom_kernels.mla import fused_qk_rope_concat_and_cache_mla, mla_decode
+from atom_kernels.mla import concat_mla_k, fused_qk_rope_concat_and_cache_mla, mla_decode
 from atom_kernels.moe import fused_moe, warm_up_fused_moe
 from atom_kernels.moe_align import moe_align_block_size
 from atom_kernels.mxfp4 import dequantize_mxfp4
@@ -38,7 +38,7 @@ from atom_kernels.rope import (
     yarn_inv_freq,
     yarn_mscale,
 )
-from atom_kernels.routing import grouped_topk, topk_softmax
+from atom_kernels.routing import grouped_topk, router_logits, topk_softmax
 from atom_kernels.short_conv import causal_conv1d, causal_conv1d_decode
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "clamped_swiglu",
     "compute_cos_sin_cache",
     "concat_and_cache_mla",
+    "concat_mla_k",
     "deepseek_yarn_mscale",
     "default_inv_freq",
     "dequantize_mxfp4",
@@ -75,6 +76,7 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
+    "router_logits",
     "silu_and_mul",
     "topk_softmax",
     "varlen_attention",

@@ -416,3 +416,62 @@ def fused_qk_rope_concat_and_cache_mla_triton(
         num_warps=4,
     )
     return out
+
+
+@define_op
+def concat_mla_k(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+    """The expanded form's per-head keys ``[k_nope | k_pe]`` [S, H, P + R] from ``k_nope`` [S, H, P]
+    (a strided view of kv_b_proj's output is fine) and each token's one rope key ``k_pe`` [S, R],
+    shared by all heads."""
+
+
+@concat_mla_k.register("torch")
+def concat_mla_k_torch(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+    return torch.cat([k_nope, k_pe[:, None].expand(-1, k_nope.shape[1], -1)], dim=-1)
+
+
+@triton.jit
+def _concat_mla_k_kernel(
+    k_nope, k_pe, out,
+    stride_nope_s, stride_nope_h, stride_pe_s, stride_out_s, stride_out_h,
+    num_heads,
+    NOPE_DIM: tl.constexpr, NOPE_P2: tl.constexpr, ROPE_DIM: tl.constexpr, ROPE_P2: tl.constexpr,
+    HEADS: tl.constexpr,
+):
+    """One token, HEADS heads: copy the nope keys and broadcast the token's rope key."""
+    s = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    head_ok = heads < num_heads
+    p = tl.arange(0, NOPE_P2)
+    nope_mask = head_ok[:, None] & (p[None, :] < NOPE_DIM)
+    nope = tl.load(k_nope + s * stride_nope_s + heads[:, None] * stride_nope_h + p[None, :], mask=nope_mask)
+    row = out + s * stride_out_s + heads[:, None] * stride_out_h
+    tl.store(row + p[None, :], nope, mask=nope_mask)
+    r = tl.arange(0, ROPE_P2)
+    pe = tl.load(k_pe + s * stride_pe_s + r, mask=r < ROPE_DIM)
+    rope_mask = head_ok[:, None] & (r[None, :] < ROPE_DIM)
+    tl.store(row + NOPE_DIM + r[None, :], tl.broadcast_to(pe[None, :], (HEADS, ROPE_P2)), mask=rope_mask)
+
+
+@concat_mla_k.register("triton")
+def concat_mla_k_triton(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+    check_same_device(k_nope=k_nope, k_pe=k_pe)
+    check_last_dim_contiguous("k_nope", k_nope)
+    check_last_dim_contiguous("k_pe", k_pe)
+    num_tokens, num_heads, nope_dim = k_nope.shape
+    if k_pe.dim() != 2 or k_pe.shape[0] != num_tokens or k_pe.dtype != k_nope.dtype:
+        raise ValueError(f"concat_mla_k: k_pe must be [{num_tokens}, R] of {k_nope.dtype}, "
+                         f"got {tuple(k_pe.shape)} of {k_pe.dtype}")
+    rope_dim = k_pe.shape[1]
+    out = k_nope.new_empty(num_tokens, num_heads, nope_dim + rope_dim)
+    if num_tokens == 0:
+        return out
+    heads = min(16, next_pow2(num_heads))
+    _concat_mla_k_kernel[(num_tokens, triton.cdiv(num_heads, heads))](
+        k_nope, k_pe, out,
+        k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), out.stride(0), out.stride(1),
+        num_heads,
+        NOPE_DIM=nope_dim, NOPE_P2=next_pow2(nope_dim), ROPE_DIM=rope_dim, ROPE_P2=next_pow2(rope_dim),
+        HEADS=heads, num_warps=4,
+    )
+    return out

@@ -1,4 +1,5 @@
-"""Mixture-of-experts routing: router logits -> (weights fp32, expert ids int32), both [T, top_k].
+"""Mixture-of-experts routing: hidden states -> fp32 router logits -> (weights fp32, expert ids
+int32), both [T, top_k].
 
 ``grouped_topk`` is DeepSeek's group-limited routing: experts fall into ``num_expert_group`` groups,
 the best ``topk_group`` groups are kept, and ``top_k`` experts are picked among them. With an
@@ -15,6 +16,15 @@ import triton.language as tl
 
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
+
+
+@define_op
+def router_logits(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """fp32 logits ``x @ weight.T + bias`` [T, E] of 16-bit or fp32 ``x`` [T, D] and ``weight``
+    [E, D], accumulated in fp32. DeepSeek-V3 and GLM-4-MoE score experts in fp32: rounding the
+    logits to bf16 flips near-tied experts."""
 
 
 @define_op
@@ -38,6 +48,26 @@ def grouped_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek's group-limited routing (module doc): ``(weights fp32, ids int32)``, weights times
     ``routed_scaling_factor``; ``scoring_func`` is ``"sigmoid"`` or ``"softmax"``."""
+
+
+@router_logits.register("torch")
+def router_logits_torch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+
+
+@router_logits.register("torchlib")
+def router_logits_torchlib(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """16-bit operands straight into the tensor cores with an fp32 output (cuBLAS): the same
+    products as the fp32 GEMM of their widened values (a product of two bf16 values is exact in
+    fp32), without widening a [T, D] copy of ``x`` and without an fp32 GEMM on CUDA cores."""
+    if x.dtype == torch.float32 or x.dtype != weight.dtype:
+        return router_logits_torch(x, weight, bias)
+    logits = torch.mm(x, weight.t(), out_dtype=torch.float32)
+    return logits if bias is None else logits.add_(bias.float())
 
 
 @topk_softmax.register("torch")

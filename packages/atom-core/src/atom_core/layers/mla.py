@@ -91,10 +91,9 @@ def up_project_v(spec: LatentAttentionSpec, latent_out: torch.Tensor,
 
 def expand_kv(spec: LatentAttentionSpec, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Cache entries ``[kv_c | k_pe]`` [S, L + R] -> per-head keys [S, H, P + R] and values [S, H, V]."""
-    p, r = spec.qk_nope_head_dim, spec.qk_rope_head_dim
+    p = spec.qk_nope_head_dim
     kv = spec.kv_b_proj(latent[:, : spec.kv_lora_rank]).view(-1, spec.num_heads, p + spec.v_head_dim)
-    k_pe = latent[:, None, spec.kv_lora_rank :].expand(-1, spec.num_heads, r)
-    return torch.cat([kv[..., :p], k_pe], dim=-1), kv[..., p:]
+    return atom_kernels.concat_mla_k(kv[..., :p], latent[:, spec.kv_lora_rank :]), kv[..., p:]
 
 
 def mla_prefill(

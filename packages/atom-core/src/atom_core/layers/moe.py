@@ -102,10 +102,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.scoring == "sigmoid":
-            # DeepSeek-V3 and GLM-4-MoE score experts in fp32 (HF and vLLM do too): in bf16, rounding
-            # of the logits flips near-tied experts.
-            bias = None if self.bias is None else self.bias.float()
-            logits = F.linear(x.float(), self.weight.float(), bias)
+            logits = atom_kernels.router_logits(x, self.weight, self.bias)
         else:
             logits = F.linear(x, self.weight, self.bias)
         if self.scoring == "softmax" and self.num_expert_group == 1:
