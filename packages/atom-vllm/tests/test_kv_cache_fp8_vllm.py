@@ -129,3 +129,25 @@ def test_fp8_checkpoint_kv_scales(tiny_model_dir, tmp_path, cell):
     if kv_cache_dtype == "auto":
         error = worst_prompt_logprob_diff(result["phases"][0], phase, atom_logits(model, torch.bfloat16))
         assert error < TOLERANCE
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "auto"])
+def test_fp8_mla_checkpoint_kv_scales(tiny_model_dir, tmp_path, kv_cache_dtype):
+    """A block-FP8 MLA checkpoint carrying KV-cache scales (``self_attn.k_scale`` / ``v_scale``: MLA
+    has no k_proj) loads, and ATOM's MLA layers apply what vLLM's KV-cache method applies to its own
+    MLA layers: with an FP8 cache the checkpoint's K scale, rounded to bfloat16, for the whole
+    latent entry; with a 16-bit cache none (1.0), and the output is the model's own."""
+    k_scales = [0.011, 0.009, 0.013]
+    model = add_kv_cache_scales(
+        write_tiny_fp8_checkpoint(tiny_model_dir, "DeepseekV3ForCausalLM", str(tmp_path / "fp8"), "fp8-block"),
+        [(k, 2 * k) for k in k_scales], "fp8-attn")
+    phase = prompts(40, 57, seed=11)
+    kwargs = {"dtype": "bfloat16", "kv_cache_dtype": kv_cache_dtype}
+    result = run_vllm(model, [phase], MAX_TOKENS, llm_kwargs=kwargs, prompt_logprobs=kv_cache_dtype == "auto")
+    assert_atom_served(result)
+    assert "Use atom MLA attention backend" in result["log"]
+    applied = [in_bf16(k) for k in k_scales] if kv_cache_dtype == "fp8" else [1.0] * len(k_scales)
+    assert served_kv_scales(result) == [(k,) for k in applied]
+    if kv_cache_dtype == "auto":
+        error = worst_prompt_logprob_diff(result["phases"][0], phase, atom_logits(model, torch.bfloat16))
+        assert error < TOLERANCE

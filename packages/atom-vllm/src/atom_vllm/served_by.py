@@ -7,8 +7,8 @@ from __future__ import annotations
 def describe_served_model(model) -> dict:
     """The model class, the class under its ``model`` attribute, the attention impl classes of its
     attention layers (vLLM's ``AttentionLayerBase``: MHA, MLA and ATOM's MLA layer alike), and the
-    K and V scales each MHA layer's KV cache applies (vLLM's ``_k_scale`` / ``_v_scale``)."""
-    from vllm.model_executor.layers.attention import Attention
+    scales each layer's KV cache applies: ``[K, V]`` (vLLM's ``_k_scale`` / ``_v_scale``), or ``[K]``
+    for ATOM's MLA layer, whose latent cache has one."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
     def name(obj) -> str:
@@ -19,6 +19,7 @@ def describe_served_model(model) -> dict:
         "model_class": name(model),
         "inner_class": name(getattr(model, "model", None)),
         "attention_impls": sorted(i for i in impls if "Impl" in i),
-        "kv_cache_scales": {m.layer_name: [m._k_scale.item(), m._v_scale.item()]
-                            for m in model.modules() if isinstance(m, Attention)},
+        "kv_cache_scales": {m.layer_name: [scale.item() for scale in (m._k_scale, getattr(m, "_v_scale", None))
+                                           if scale is not None]
+                            for m in model.modules() if isinstance(m, AttentionLayerBase) and hasattr(m, "_k_scale")},
     }

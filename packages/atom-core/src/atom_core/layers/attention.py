@@ -139,13 +139,14 @@ def _absent_kv_scale() -> nn.Parameter:
     return scale
 
 
-class Attention(nn.Module):
-    def __init__(self, spec: AttentionSpec):
+class CheckpointKvScales(nn.Module):
+    """The ``k_scale`` / ``v_scale`` a checkpoint may give an attention layer (MHA or MLA), handed to
+    the layer's ``impl`` after loading if it takes them (module docstring)."""
+
+    impl: nn.Module
+
+    def __init__(self):
         super().__init__()
-        self.spec = spec
-        self.impl = _factory(spec)
-        # The latest model built in this process owns the name (tests build several models).
-        _layers_by_name[spec.prefix] = self
         self.k_scale = _absent_kv_scale()
         self.v_scale = _absent_kv_scale()
 
@@ -154,6 +155,15 @@ class Attention(nn.Module):
                   if scale.item() > 0}
         if scales and hasattr(self.impl, "load_kv_cache_scales"):
             self.impl.load_kv_cache_scales(**scales)
+
+
+class Attention(CheckpointKvScales):
+    def __init__(self, spec: AttentionSpec):
+        super().__init__()
+        self.spec = spec
+        self.impl = _factory(spec)
+        # The latest model built in this process owns the name (tests build several models).
+        _layers_by_name[spec.prefix] = self
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():

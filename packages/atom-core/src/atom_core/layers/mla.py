@@ -32,7 +32,7 @@ from torch import nn
 
 import atom_kernels
 from atom_core.distributed import divide, get_tp_group
-from atom_core.layers.attention import standalone_cu_seqlens
+from atom_core.layers.attention import CheckpointKvScales, standalone_cu_seqlens
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import RopeSpec, RotaryEmbedding, shared_rotary_embedding
@@ -209,9 +209,11 @@ def _unified_latent_attention_fake(positions, q, kv_c, k_pe, output, layer_name)
 torch.ops.atom.unified_latent_attention.atom_splitting_op = True
 
 
-class LatentAttention(nn.Module):
+class LatentAttention(CheckpointKvScales):
     """Front-end: ``(positions, q [T, H, P + R], kv_c [T, L], k_pe [T, R]) -> [T, H * V]``, rope not
-    yet applied to q's last R channels nor to k_pe."""
+    yet applied to q's last R channels nor to k_pe. A checkpoint's KV-cache scales reach the host's
+    impl as for MHA (atom_core.layers.attention); an FP8 latent cache applies ``k_scale``, as vLLM's
+    MLA does."""
 
     def __init__(self, spec: LatentAttentionSpec):
         super().__init__()

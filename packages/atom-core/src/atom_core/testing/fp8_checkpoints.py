@@ -188,6 +188,7 @@ def write_block_fp8_checkpoint(src_dir: str, out_dir: str, block: tuple[int, int
 # Where published checkpoints keep each layer's KV-cache scales (atom_core.quantization.kv_cache).
 KV_SCALE_LAYOUTS = {
     "compressed-tensors": ("self_attn.k_scale", "self_attn.v_scale"),
+    "fp8-attn": ("self_attn.k_scale", "self_attn.v_scale"),  # an ``fp8`` checkpoint without k_proj (MLA)
     "fp8-proj": ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
     "legacy": ("self_attn.kv_scale",),  # one scale for K and V
 }

@@ -24,8 +24,9 @@ The two attention cores run :func:`atom_kernels.mla_decode` / ``varlen_attention
 vLLM's FlashAttention-3 (:mod:`atom_vllm.attention.mla_fa3` says when and why).
 
 With ``--kv-cache-dtype fp8`` the cache (uint8 to vLLM) holds e4m3 entries divided by the layer's
-``_k_scale`` (1.0: vLLM's default; MLA checkpoints with KV-cache scales are handed back); decode reads
-them in the kernel, prefill dequantizes the gathered context.
+``_k_scale`` (1.0: vLLM's default, or an ``fp8`` checkpoint's ``k_scale`` / ``kv_scale``; a
+compressed-tensors ``kv_cache_scheme`` is handed back, atom_core.hosting.takeover); decode reads them
+in the kernel, prefill dequantizes the gathered context.
 """
 
 from __future__ import annotations
@@ -295,6 +296,7 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
         self.impl = ATOMMLAImpl(spec, mla_kernels(_fp8_cache(self.kv_cache_dtype)))
         # vLLM's default scale of an FP8 cache, under the name its attention layers give it.
         self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
+        self.model_dtype = vllm_config.model_config.dtype
         self.kv_cache = torch.tensor([])
         forward_context = vllm_config.compilation_config.static_forward_context
         if self.layer_name in forward_context:
@@ -303,6 +305,17 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
 
     def get_attn_backend(self) -> type[AttentionBackend]:
         return self.attn_backend
+
+    def load_kv_cache_scales(self, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+        """A checkpoint's KV-cache scales (atom_core.layers.attention), applied as vLLM's KV-cache
+        method applies them to its own MLA layers: an FP8 latent cache divides by ``k_scale`` (also
+        what a legacy single ``kv_scale`` loads into), rounded to the model dtype as vLLM's scale
+        parameters are and doubled on FNUZ platforms; ``v_scale`` has no latent-cache use. A 16-bit
+        cache ignores them."""
+        if k_scale is None or not _fp8_cache(self.kv_cache_dtype):
+            return
+        scale = k_scale.to(self.model_dtype).float().reshape(())
+        self._k_scale.copy_(scale * 2 if current_platform.is_fp8_fnuz() else scale)
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> MLAAttentionSpec:
         return MLAAttentionSpec(
