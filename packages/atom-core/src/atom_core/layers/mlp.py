@@ -1,4 +1,6 @@
-"""Gated MLP: down(act(gate(x)) * up(x)) with gate|up fused into one column-parallel GEMM."""
+"""Gated MLP: down(act(gate(x)) * up(x)) with gate|up fused into one column-parallel GEMM. Under
+dynamic FP8 the activation emits down's input quantized, and the MLP takes its input quantized for
+gate/up (``input_quant``)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from torch import nn
 
 from atom_core.layers.activation import SiluAndMul
 from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from atom_core.quantization.fp8 import QuantizedActivation
 
 
 class GatedMLP(nn.Module):
@@ -16,7 +19,8 @@ class GatedMLP(nn.Module):
             hidden_size, [intermediate_size, intermediate_size], bias, prefix=f"{prefix}.gate_up_proj"
         )
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, prefix=f"{prefix}.down_proj")
-        self.act_fn = SiluAndMul()
+        self.act_fn = SiluAndMul(self.down_proj.input_quant)
+        self.input_quant = self.gate_up_proj.input_quant
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
