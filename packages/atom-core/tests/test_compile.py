@@ -12,6 +12,8 @@ from atom_core.config import CompilationConfig, CompilationLevel
 from atom_core.layers.attention import standalone_batch
 from atom_core.loader import iter_safetensors
 from atom_core.models import get_model_class
+from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
+from atom_kernels.registry import OPS
 
 
 def build(model_dir: str, level: CompilationLevel):
@@ -32,10 +34,18 @@ def logits(model, lengths: list[int], seed: int) -> torch.Tensor:
         return model.compute_logits(model(input_ids, positions))
 
 
-@pytest.mark.parametrize("architecture", ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
-def test_piecewise_compile_matches_eager(tiny_model_dir, architecture, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("architecture, fp8_form", [("Qwen3ForCausalLM", None),
+                                                     ("Qwen3MoeForCausalLM", None),
+                                                     ("Qwen3ForCausalLM", "fp8-block")])
+def test_piecewise_compile_matches_eager(tiny_model_dir, architecture, fp8_form, tmp_path, monkeypatch,
+                                         caplog):
+    """With block FP8 the norms and activations hand the linears quantized activations (opaque ops
+    with fake impls, traced into the graph); the compiled model runs them too."""
     monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path))
     model_dir = tiny_model_dir(architecture)
+    if fp8_form is not None:
+        model_dir = write_tiny_fp8_checkpoint(tiny_model_dir, architecture, str(tmp_path / "fp8"),
+                                              fp8_form)
     eager = build(model_dir, CompilationLevel.NO_COMPILATION)
     compiled = build(model_dir, CompilationLevel.PIECEWISE)
     num_layers = len(compiled.model.layers)
@@ -45,7 +55,11 @@ def test_piecewise_compile_matches_eager(tiny_model_dir, architecture, tmp_path,
     try:
         with caplog.at_level("INFO", logger="atom"):
             for seed, lengths in enumerate([[7, 1, 23, 12], [5, 9], [30]]):
-                expected, got = logits(eager, lengths, seed), logits(compiled, lengths, seed)
+                expected = logits(eager, lengths, seed)
+                fused_before = OPS["fused_add_rms_norm_quant_fp8"].calls
+                got = logits(compiled, lengths, seed)
+                fused_calls = OPS["fused_add_rms_norm_quant_fp8"].calls - fused_before
+                assert fused_calls == (2 * num_layers - 1 if fp8_form else 0)
                 rel = ((got - expected).norm() / expected.norm()).item()
                 assert rel <= 1e-5, f"lengths {lengths}: relative error {rel:.2e}"
     finally:

@@ -5,7 +5,9 @@ Two references:
 - HF computing as the format prescribes (``fake_quantized_activations``): every quantized linear
   layer's input, and both expert GEMMs' inputs, quantized to FP8 and back. The same math as
   ATOM's, so the match is tight; what remains is fp32 summation order, which can move a value across
-  an FP8 rounding boundary (a 6 % step on one value).
+  an FP8 rounding boundary (a 6 % step on one value). Where the next linear quantizes its input dynamically, the norm or
+activation before it emits the quantized activation (atom_core.quantization.fp8): the tests count
+the ops each forward runs, and check that turning the fusion off changes no logit.
 - HF on the dequantized weights alone: ATOM differs by its activation quantization (e4m3 keeps 3
   mantissa bits: up to 6 % per value, 7 to 14 % on the logits of these 3-layer models with 32-wide
   groups). The first reference's distance from this one shows that the tight match is not trivial.
@@ -29,6 +31,7 @@ from atom_core.testing.fp8_checkpoints import (
     write_dequantized_checkpoint,
     write_tiny_fp8_checkpoint,
 )
+from atom_kernels.registry import OPS
 
 torch.set_default_dtype(torch.float32)
 
@@ -45,6 +48,19 @@ CASES = [
     ("Qwen3MoeForCausalLM", "fp8-tensor"),
     ("DeepseekV3ForCausalLM", "fp8-block"),
 ]
+# The activation quantizations of one forward of these 3-layer models: (RMSNorm + quant, add + RMSNorm
+# + quant, SiLU * mul + quant, separate quant launches). Dense: every QKV, gate/up and down input
+# comes fused, o_proj's alone is quantized apart. MoE layers' norms feed the router and experts, MLA's
+# several projections: those stay apart (one dense layer each, and DeepSeek's shared experts, fuse).
+# Static activation scales never fuse.
+QUANT_CALLS = {
+    "dense": (1, 5, 3, 3),
+    "dense-static": (0, 0, 0, 12),
+    "Qwen3MoeForCausalLM": (1, 3, 1, 3),
+    "DeepseekV3ForCausalLM": (0, 1, 3, 14),
+}
+FUSED_OPS = ("rms_norm_quant_fp8", "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8")
+SEPARATE_OPS = ("per_group_quant_fp8", "per_token_quant_fp8", "per_tensor_quant_fp8")
 # Relative error of ATOM's logits against the first reference: 3e-7 seen, or 1e-3 to 2.4e-3 where
 # a value crossed a rounding boundary.
 TIGHT_TOLERANCE = 1e-2
@@ -74,6 +90,25 @@ def sequences_and_logits(model_dir: str):
     return sequences, logits, model
 
 
+def quant_calls(architecture: str, form: str) -> tuple[int, int, int, int]:
+    """QUANT_CALLS of the case; SiLU * mul fuses per 128-group only (atom_core.layers.mlp), so in
+    per-token forms down's input is quantized apart."""
+    norm, add_norm, silu, separate = QUANT_CALLS.get(
+        architecture, QUANT_CALLS["dense-static" if form.endswith("static") else "dense"])
+    if "block" not in form:
+        return norm, add_norm, 0, separate + silu
+    return norm, add_norm, silu, separate
+
+
+def counting_quant_calls(run):
+    """``run()``'s result and the calls of each activation quantization op it made."""
+    ops = [OPS[name] for name in (*FUSED_OPS, *SEPARATE_OPS)]
+    before = [op.calls for op in ops]
+    result = run()
+    counts = [op.calls - start for op, start in zip(ops, before)]
+    return result, (*counts[:len(FUSED_OPS)], sum(counts[len(FUSED_OPS):]))
+
+
 def hf_logits(model_dir: str, sequences, fake_quant_from: str | None = None) -> torch.Tensor:
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     outputs = []
@@ -94,7 +129,8 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("architecture,form", CASES)
 def test_fp8_matches_hf_with_the_same_activation_quantization(fp8_model_dir, architecture, form):
     fp8, dequantized = fp8_model_dir(architecture, form)
-    sequences, logits, model = sequences_and_logits(fp8)
+    (sequences, logits, model), calls = counting_quant_calls(lambda: sequences_and_logits(fp8))
+    assert calls == quant_calls(architecture, form)
     fp8_params = {name for name, p in model.named_parameters() if p.dtype == torch.float8_e4m3fn}
     assert "model.layers.1.self_attn.o_proj.weight" in fp8_params
     has_experts = architecture in ("Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM")
@@ -104,6 +140,18 @@ def test_fp8_matches_hf_with_the_same_activation_quantization(fp8_model_dir, arc
     assert relative_error(logits, fake_quant) < TIGHT_TOLERANCE
     assert relative_error(fake_quant, plain) > 10 * relative_error(logits, fake_quant)
     assert relative_error(logits, plain) < DEQUANTIZED_TOLERANCE
+
+
+@pytest.mark.parametrize("architecture,form", [("Qwen3ForCausalLM", "fp8-block"),
+                                               ("LlamaForCausalLM", "ct-channel")])
+def test_turning_the_activation_fusion_off_changes_no_logit(fp8_model_dir, architecture, form,
+                                                             monkeypatch):
+    fp8, _ = fp8_model_dir(architecture, form)
+    _, fused, _ = sequences_and_logits(fp8)
+    monkeypatch.setenv("ATOM_DISABLE_FP8_ACTIVATION_FUSION", "1")
+    (_, separate, _), calls = counting_quant_calls(lambda: sequences_and_logits(fp8))
+    assert calls == (0, 0, 0, 12)
+    assert torch.equal(fused, separate)
 
 
 def test_mla_kv_b_proj_is_dequantized_at_load(fp8_model_dir):

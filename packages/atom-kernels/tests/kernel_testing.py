@@ -25,11 +25,16 @@ def impl(op_name: str, backend: str):
     return OPS[op_name].impl(backend)
 
 
+def tolerance(dtype: torch.dtype, kind: str = "elementwise") -> tuple[float, float]:
+    """(rtol, atol) of ``dtype`` for outputs of one rounding or of accumulations."""
+    return _TOLERANCES[dtype][kind]
+
+
 def assert_close(
     actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, kind: str = "elementwise"
 ) -> None:
     """Compare with the tolerance of ``dtype``; atol scales with the reference's magnitude."""
-    rtol, atol = _TOLERANCES[dtype][kind]
+    rtol, atol = tolerance(dtype, kind)
     expected = expected.to(torch.float64)
     scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
     torch.testing.assert_close(actual.to(torch.float64), expected, rtol=rtol, atol=atol * scale)

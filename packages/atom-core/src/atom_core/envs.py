@@ -26,6 +26,13 @@ def serve_mxfp4() -> bool:
     return flag("ATOM_SERVE_MXFP4")
 
 
+def fp8_activation_fusion_disabled() -> bool:
+    """ATOM_DISABLE_FP8_ACTIVATION_FUSION=1: the RMSNorms and SiLU * mul before FP8 linear layers
+    emit the model dtype and each FP8 linear quantizes its own input, in a launch of its own (see
+    :mod:`atom_core.quantization.fp8`); read when the layers are built."""
+    return flag("ATOM_DISABLE_FP8_ACTIVATION_FUSION")
+
+
 @dataclass(frozen=True)
 class HostSwitches:
     """The switches of one host glue, named for the host (``VLLM``, ``SGLANG``):

@@ -10,7 +10,12 @@ from atom_kernels import (
     aiter,  # noqa: E402, F401, I001
     opaque,  # noqa: E402, F401, I001
 )
-from atom_kernels.activation import clamped_swiglu, gelu_and_mul, silu_and_mul
+from atom_kernels.activation import (
+    clamped_swiglu,
+    gelu_and_mul,
+    silu_and_mul,
+    silu_and_mul_quant_fp8,
+)
 from atom_kernels.attention import paged_attention, varlen_attention
 from atom_kernels.cache import concat_and_cache_mla, reshape_and_cache
 from atom_kernels.gated_delta import gated_delta_rule, gated_delta_rule_decode
@@ -19,7 +24,12 @@ from atom_kernels.mla import concat_mla_k, fused_qk_rope_concat_and_cache_mla, m
 from atom_kernels.moe import fused_moe, warm_up_fused_moe
 from atom_kernels.moe_align import moe_align_block_size
 from atom_kernels.mxfp4 import dequantize_mxfp4
-from atom_kernels.norm import fused_add_rms_norm, rms_norm
+from atom_kernels.norm import (
+    fused_add_rms_norm,
+    fused_add_rms_norm_quant_fp8,
+    rms_norm,
+    rms_norm_quant_fp8,
+)
 from atom_kernels.quant import per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import (
     OPS,
@@ -58,6 +68,7 @@ __all__ = [
     "fp8_block_scaled_mm",
     "fp8_scaled_mm",
     "fused_add_rms_norm",
+    "fused_add_rms_norm_quant_fp8",
     "fused_moe",
     "fused_qk_rope_concat_and_cache_mla",
     "gated_delta_rule",
@@ -75,9 +86,11 @@ __all__ = [
     "reset_selection",
     "reshape_and_cache",
     "rms_norm",
+    "rms_norm_quant_fp8",
     "rotary_embedding",
     "router_logits",
     "silu_and_mul",
+    "silu_and_mul_quant_fp8",
     "topk_softmax",
     "varlen_attention",
     "warm_up_fused_moe",

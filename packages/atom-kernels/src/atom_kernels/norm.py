@@ -1,4 +1,10 @@
-"""RMSNorm, fused residual-add + RMSNorm. Per-head QK-norm is ``rms_norm`` on a [..., head_dim] view."""
+"""RMSNorm, fused residual-add + RMSNorm. Per-head QK-norm is ``rms_norm`` on a [..., head_dim] view.
+
+The ``*_quant_fp8`` variants emit the normed rows as dynamic fp8 for the next FP8 GEMM instead:
+per token and ``group_size``-channel group (block FP8), or per token (``group_size`` None). They
+round the normed value to the input dtype before quantising, as the unfused norm stores it, so
+their fp8 codes and scales are those of the norm followed by :mod:`atom_kernels.quant`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.quant import (
+    FP8_DTYPE,
+    MIN_AMAX,
+    check_fused_quant_group,
+    dynamic_quant_fp8_torch,
+    fp8_dtype_max,
+    quantize_fp8_groups,
+)
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
 
@@ -23,6 +37,33 @@ def fused_add_rms_norm(
     """``(rms_norm(x + residual), x + residual)``."""
 
 
+@define_op
+def rms_norm_quant_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group_size: int | None = 128,
+    *,
+    dtype: torch.dtype = FP8_DTYPE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(x)`` quantised to fp8 in one pass: ``(q [..., N], scale)``, scale [M, N / group_size]
+    as :func:`atom_kernels.per_group_quant_fp8`'s, or [M, 1] per token when ``group_size`` is None."""
+
+
+@define_op
+def fused_add_rms_norm_quant_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group_size: int | None = 128,
+    *,
+    dtype: torch.dtype = FP8_DTYPE,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``fused_add_rms_norm`` with its normed output quantised as :func:`rms_norm_quant_fp8`'s:
+    ``(q, scale, x + residual)``."""
+
+
 @rms_norm.register("torch")
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -38,6 +79,32 @@ def fused_add_rms_norm_torch(
     return rms_norm_torch(summed, weight, eps), summed
 
 
+@rms_norm_quant_fp8.register("torch")
+def rms_norm_quant_fp8_torch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group_size: int | None = 128,
+    *,
+    dtype: torch.dtype = FP8_DTYPE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return dynamic_quant_fp8_torch(rms_norm_torch(x, weight, eps), group_size, dtype)
+
+
+@fused_add_rms_norm_quant_fp8.register("torch")
+def fused_add_rms_norm_quant_fp8_torch(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group_size: int | None = 128,
+    *,
+    dtype: torch.dtype = FP8_DTYPE,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, summed = fused_add_rms_norm_torch(x, residual, weight, eps)
+    return *dynamic_quant_fp8_torch(y, group_size, dtype), summed
+
+
 @triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
     x_ptr,
@@ -45,6 +112,7 @@ def _rms_norm_kernel(
     w_ptr,
     y_ptr,
     res_out_ptr,
+    scale_ptr,
     num_rows,
     inner_rows,
     x_stride_outer,
@@ -53,12 +121,17 @@ def _rms_norm_kernel(
     r_stride_inner,
     N,
     eps,
+    num_groups,
+    fp8_max,
+    min_amax,
     HAS_RESIDUAL: tl.constexpr,
+    QUANT_GROUP: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Rows are addressed as (outer, inner) so that a strided [T, H, D] view (QK-norm on a slice of the
-    # fused qkv output) is read in place. Outputs are contiguous [num_rows, N].
+    # fused qkv output) is read in place. Outputs are contiguous [num_rows, N]. With QUANT_GROUP > 0
+    # y_ptr takes the fp8 codes and scale_ptr [num_rows, num_groups] their scales.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < num_rows
@@ -76,6 +149,13 @@ def _rms_norm_kernel(
     variance = tl.sum(x * x, axis=1) / N
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     y = x * tl.rsqrt(variance + eps)[:, None] * w[None, :]
+    if QUANT_GROUP > 0:
+        # Rounded to the input dtype first, as the unfused norm stores it.
+        y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+        y, scale = quantize_fp8_groups(y, QUANT_GROUP, fp8_max, min_amax)
+        groups = tl.arange(0, BLOCK_N // QUANT_GROUP)
+        scale_mask = row_mask[:, None] & (groups < num_groups)[None, :]
+        tl.store(scale_ptr + rows[:, None] * num_groups + groups[None, :], scale, mask=scale_mask)
     tl.store(y_ptr + out_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -93,8 +173,15 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    fp8: torch.dtype | None = None,
+    group_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(y, x + residual or None, None); with ``fp8`` (y's fp8 codes, x + residual or None, scales)
+    per ``group_size`` group or per token."""
     n = x.shape[-1]
     if weight.shape != (n,):
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} != ({n},)")
@@ -109,8 +196,14 @@ def _launch_rms_norm(
     xr = _as_rows(x)
     rr = _as_rows(residual) if residual is not None else xr
     num_rows = x.numel() // n
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(y) if residual is not None else y
+    y = torch.empty(x.shape, dtype=fp8 or x.dtype, device=x.device)
+    res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
+    scale, quant_group, num_groups = None, 0, 0
+    if fp8 is not None:
+        check_fused_quant_group("rms_norm_quant_fp8", n, group_size)
+        quant_group = block_n if group_size is None else group_size
+        num_groups = 1 if group_size is None else n // group_size
+        scale = torch.empty((num_rows, num_groups), dtype=torch.float32, device=x.device)
     # Small rows (QK-norm over head_dim) are packed several to a program; about 4K elements each.
     block_r = max(1, min(64, 4096 // block_n))
     tile = block_r * block_n
@@ -125,6 +218,7 @@ def _launch_rms_norm(
             weight,
             y,
             res_out,
+            scale,
             num_rows,
             xr.shape[1],
             xr.stride(0),
@@ -133,12 +227,16 @@ def _launch_rms_norm(
             rr.stride(1),
             n,
             eps,
+            num_groups,
+            fp8_dtype_max(fp8) if fp8 is not None else 0.0,
+            MIN_AMAX,
             HAS_RESIDUAL=residual is not None,
+            QUANT_GROUP=quant_group,
             BLOCK_R=block_r,
             BLOCK_N=block_n,
             num_warps=num_warps,
         )
-    return y, (res_out if residual is not None else None)
+    return y, (res_out if residual is not None else None), scale
 
 
 @rms_norm.register("triton")
@@ -150,5 +248,32 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 def fused_add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, summed = _launch_rms_norm(x, residual, weight, eps)
+    y, summed, _ = _launch_rms_norm(x, residual, weight, eps)
     return y, summed
+
+
+@rms_norm_quant_fp8.register("triton")
+def rms_norm_quant_fp8_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group_size: int | None = 128,
+    *,
+    dtype: torch.dtype = FP8_DTYPE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, _, scale = _launch_rms_norm(x, None, weight, eps, dtype, group_size)
+    return q, scale
+
+
+@fused_add_rms_norm_quant_fp8.register("triton")
+def fused_add_rms_norm_quant_fp8_triton(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group_size: int | None = 128,
+    *,
+    dtype: torch.dtype = FP8_DTYPE,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, summed, scale = _launch_rms_norm(x, residual, weight, eps, dtype, group_size)
+    return q, scale, summed

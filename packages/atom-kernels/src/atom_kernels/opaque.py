@@ -39,9 +39,31 @@ def _routing(router_logits, top_k, *args, **kwargs):
             router_logits.new_empty(shape, dtype=torch.int32))
 
 
-def _quantized(x, *args, dtype=torch.float8_e4m3fn, scale_columns=None, **kwargs):
-    rows = x.reshape(-1, x.shape[-1]).shape[0]
-    return x.new_empty(x.shape, dtype=dtype), x.new_empty((rows, scale_columns), dtype=torch.float32)
+def _quantized(x, *args, dtype=torch.float8_e4m3fn, scale_columns=None, columns=None, **kwargs):
+    """fp8 codes shaped like ``x`` (with ``columns`` in the last dim) and fp32 scales [rows, *]."""
+    columns = x.shape[-1] if columns is None else columns
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (x.new_empty((*x.shape[:-1], columns), dtype=dtype),
+            x.new_empty((rows, scale_columns), dtype=torch.float32))
+
+
+def _fused_quantized(x, group_size, dtype, columns=None):
+    """The output of an op that quantises its own result per ``group_size`` group or per token."""
+    columns = x.shape[-1] if columns is None else columns
+    scale_columns = 1 if group_size is None else columns // group_size
+    return _quantized(x, dtype=dtype, scale_columns=scale_columns, columns=columns)
+
+
+def _norm_quantized(x, weight, eps, group_size=128, *, dtype=torch.float8_e4m3fn):
+    return _fused_quantized(x, group_size, dtype)
+
+
+def _add_norm_quantized(x, residual, weight, eps, group_size=128, *, dtype=torch.float8_e4m3fn):
+    return *_fused_quantized(x, group_size, dtype), torch.empty_like(x)
+
+
+def _gated_quantized(x, group_size=128, *, dtype=torch.float8_e4m3fn):
+    return _fused_quantized(x, group_size, dtype, columns=x.shape[-1] // 2)
 
 
 def _per_tensor_quantized(x, scale=None, *, dtype=torch.float8_e4m3fn):
@@ -75,6 +97,9 @@ FAKES: dict[str, Callable] = {
     "per_tensor_quant_fp8": _per_tensor_quantized,
     "per_token_quant_fp8": _per_token_quantized,
     "per_group_quant_fp8": _per_group_quantized,
+    "rms_norm_quant_fp8": _norm_quantized,
+    "fused_add_rms_norm_quant_fp8": _add_norm_quantized,
+    "silu_and_mul_quant_fp8": _gated_quantized,
     "fp8_scaled_mm": _fp8_gemm,
     "fp8_block_scaled_mm": _fp8_gemm,
 }

@@ -41,12 +41,12 @@ def per_group_quant_fp8(
     """``(q fp8, scale [M, K / group_size])``, dynamic."""
 
 
-def _fp8_max(dtype: torch.dtype) -> float:
+def fp8_dtype_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
 def _quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    fp8_max = _fp8_max(dtype)
+    fp8_max = fp8_dtype_max(dtype)
     return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype)
 
 
@@ -54,7 +54,16 @@ def _scale_from_amax(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # Divide by a tensor: torch divides a CUDA tensor by a Python scalar as a multiplication by its
     # reciprocal, one ulp away from the IEEE quotient the kernels (and the CPU) compute.
     amax = amax.float().clamp(min=MIN_AMAX)
-    return amax / torch.full_like(amax, _fp8_max(dtype))
+    return amax / torch.full_like(amax, fp8_dtype_max(dtype))
+
+
+def dynamic_quant_fp8_torch(
+    x: torch.Tensor, group_size: int | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of the fused ops' quantization: per group, or per token (``group_size`` None)."""
+    if group_size is None:
+        return per_token_quant_fp8_torch(x, dtype=dtype)
+    return per_group_quant_fp8_torch(x, group_size, dtype=dtype)
 
 
 @per_tensor_quant_fp8.register("torch")
@@ -86,6 +95,25 @@ def per_group_quant_fp8_torch(
     groups = x.reshape(-1, x.shape[-1] // group_size, group_size)
     scale = _scale_from_amax(groups.abs().amax(dim=-1), dtype)
     return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), scale
+
+
+@triton.jit
+def quantize_fp8_groups(x, GROUP: tl.constexpr, fp8_max, min_amax):
+    """Dynamic quantisation of a fp32 tile [R, C] in groups of GROUP columns (C a multiple of GROUP,
+    both powers of two): (q [R, C] clamped to the fp8 range, not yet converted; scale [R, C // GROUP]).
+    The arithmetic of :func:`_quant_fp8_kernel`, for kernels that quantise their own output."""
+    R: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
+    groups = tl.reshape(x, (R, C // GROUP, GROUP))
+    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(groups), axis=2), min_amax), fp8_max)
+    q = tl.clamp(tl.div_rn(groups, scale[:, :, None]), -fp8_max, fp8_max)
+    return tl.reshape(q, (R, C)), scale
+
+
+def check_fused_quant_group(op: str, cols: int, group_size: int | None) -> None:
+    """The kernels that quantise their own output take power-of-two groups that divide the row."""
+    if group_size is not None and (group_size & (group_size - 1) or cols % group_size):
+        raise ValueError(f"{op}: group_size {group_size} must be a power of two dividing {cols}")
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -165,7 +193,7 @@ def _launch_quant(
         num_rows,
         k,
         rows.stride(0),
-        _fp8_max(dtype),
+        fp8_dtype_max(dtype),
         MIN_AMAX,
         GROUP=group,
         STATIC_SCALE=static_scale is not None,

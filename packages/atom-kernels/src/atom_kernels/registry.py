@@ -25,6 +25,10 @@ to the Triton one, so its op's report names ``torchlib``.
 
 A forced backend that the op has but that cannot run on the device (``aiter`` off ROCm, ``triton``
 on CPU without the interpreter) raises :class:`BackendUnavailableError`.
+
+``Op.calls`` counts the calls an op dispatched, eagerly or from a compiled graph run without CUDA
+graphs (a replayed CUDA graph runs the kernels without Python): tests use it to check which ops a
+model path takes.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class Op:
         self.__signature__ = inspect.signature(stub)
         self.impls: dict[str, Callable[..., Any]] = {}
         self._chosen: dict[str, Callable[..., Any]] = {}
+        self.calls = 0
         # torch.ops.atom.<name>, set for ops that models call inside torch.compile'd code
         # (see atom_kernels.opaque): Dynamo then sees one opaque node instead of the kernel.
         self.custom_op: Callable[..., Any] | None = None
@@ -157,6 +162,7 @@ class Op:
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Any:
         """Run the selected backend (eager)."""
+        self.calls += 1
         device_type = _first_tensor_device_type(args, kwargs)
         fn = self._chosen.get(device_type)
         if fn is None:

@@ -11,6 +11,7 @@ from atom_core.config import Config, set_current_atom_config
 from atom_core.hosting.hf_config import complete_hf_config
 from atom_core.log import logger
 from atom_core.models import get_model_class
+from atom_core.quantization.fp8 import fusion_report_line
 
 _backends_logged = False
 
@@ -29,5 +30,6 @@ def build_atom_model(config: Config, architecture: str, host: str, prefix: str =
                 architecture, host)
     if not _backends_logged:
         logger.info(atom_kernels.backend_report_line())
+        logger.info(fusion_report_line())
         _backends_logged = True
     return model_cls(config, prefix=prefix)

@@ -23,7 +23,22 @@ from torch import nn
 
 from atom_core.distributed import divide, get_tp_group
 from atom_core.quantization.context import layer_scheme
-from atom_core.quantization.fp8 import FP8_DTYPE, dequantize_fp8, fp8_linear, weight_scale_shape
+from atom_core.quantization.fp8 import (
+    FP8_DTYPE,
+    ActivationQuant,
+    QuantizedActivation,
+    dequantize_fp8,
+    fp8_linear,
+    fused_input_quant,
+    weight_scale_shape,
+)
+
+
+def input_quant_of(module: nn.Module) -> ActivationQuant | None:
+    """The quantization in which ``module`` (an FP8 linear, or a block whose input goes straight into
+    one: self-attention's QKV, the gated MLP's gate/up) takes its input pre-quantized from the layer
+    before, its ``input_quant``; None where it takes the model dtype only."""
+    return getattr(module, "input_quant", None)
 
 
 def make_param(shape: Sequence[int], loader, expected_shards=(None,),
@@ -93,6 +108,8 @@ class LinearBase(nn.Module):
             make_param((output_size,), self.weight_loader, expected_shards) if bias else None
         )
         self.input_scale = None
+        # Set for dynamic FP8: the layer before may quantize this layer's input (input_quant_of).
+        self.input_quant = fused_input_quant(self.scheme)
         if self.checkpoint_scheme is not None:
             self._check_blocks(output_size, input_size)
             shape = weight_scale_shape(self.checkpoint_scheme, output_size, input_size)
@@ -170,13 +187,13 @@ class LinearBase(nn.Module):
                                     self.checkpoint_scheme.weight_block)
             self.weight_loader(self.weight, weight.to(self.weight.dtype))
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor | QuantizedActivation, bias: torch.Tensor | None) -> torch.Tensor:
         if self.scheme is None:
             return F.linear(x, self.weight, bias)
         return fp8_linear(x, self.scheme, self.weight, getattr(self, self.scheme.weight_scale_name),
                           self.input_scale, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
 
@@ -249,7 +266,7 @@ class RowParallelLinear(LinearBase):
         tp_size = get_tp_group().world_size
         super().__init__(divide(input_size, tp_size), output_size, bias, 1, prefix)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
         y = self.matmul(x, None)
         if self.tp.world_size > 1:
             y = self.tp.all_reduce(y)

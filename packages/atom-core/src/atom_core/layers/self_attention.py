@@ -28,6 +28,7 @@ from atom_core.layers.linear import (
 )
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import RopeSpec, shared_rotary_embedding
+from atom_core.quantization.fp8 import QuantizedActivation
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class DecoderSelfAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             spec.num_heads * head_dim, spec.hidden_size, spec.o_bias, prefix=f"{prefix}.o_proj"
         )
+        # The input goes straight into qkv_proj: the norm before may quantize it for it.
+        self.input_quant = self.qkv_proj.input_quant
         self.head_dim = head_dim
         self.output_gate = spec.output_gate
         self.num_heads = divide(self.qkv_proj.num_heads, q_heads_per_head)
@@ -92,7 +95,8 @@ class DecoderSelfAttention(nn.Module):
             )
         )
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor,
+                hidden_states: torch.Tensor | QuantizedActivation) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         gate = None

@@ -26,6 +26,7 @@ from atom_core.compile import support_torch_compile
 from atom_core.config import Config
 from atom_core.distributed import get_tp_group
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from atom_core.layers.linear import input_quant_of
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe import SparseMoeBlock
 from atom_core.layers.norm import RMSNorm
@@ -116,15 +117,18 @@ class DecoderLayer(nn.Module):
     """x -> norm -> mixer -> (+res) norm -> mlp, with residual adds fused into the norms.
 
     The mixer (``mixer(positions, x)``) is self-attention, named ``self_attn``, or in hybrid models
-    another token mixer under its checkpoint name (``mixer_name``: Qwen3-Next's ``linear_attn``)."""
+    another token mixer under its checkpoint name (``mixer_name``: Qwen3-Next's ``linear_attn``).
+    Each norm emits its output quantized where the module after it takes it so (``input_quant_of``:
+    dynamic FP8 QKV or gate/up)."""
 
     def __init__(self, mixer: nn.Module, mlp: nn.Module, hidden_size: int, eps: float,
                  zero_centred_norms: bool = False, mixer_name: str = "self_attn"):
         super().__init__()
-        self.input_layernorm = RMSNorm(hidden_size, eps, zero_centred_norms)
+        self.input_layernorm = RMSNorm(hidden_size, eps, zero_centred_norms, input_quant_of(mixer))
         self.mixer_name = mixer_name
         self.add_module(mixer_name, mixer)
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps, zero_centred_norms)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, zero_centred_norms,
+                                                input_quant_of(mlp))
         self.mlp = mlp
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
