@@ -6,8 +6,12 @@ another) to pay SGLang's import once. ``python sglang_runner.py '<json spec>'`` 
 ``{"runs": [{"model", "phases", "max_tokens", "engine_kwargs"}]}``: each phase is one ``generate``
 call over a list of token-id prompts, so later phases can hit the radix cache filled by earlier ones.
 After each run, the result line goes to stdout and the bare marker to stderr, which ends that run's
-log (the engine's processes share this process's stderr).
-The caller puts ``tests/support`` (the sgl_kernel stand-in) first on PYTHONPATH.
+log (the engine's processes share this process's stderr); within a run's log, READY_MARKER separates
+the engine's start-up from the requests.
+The caller puts ``tests/support`` (the sgl_kernel stand-in) first on PYTHONPATH for the CPU engine.
+With ATOM_TEST_LOG_TRITON_COMPILES=1 every process logs its Triton compiles
+(atom_core.testing.jit_monitor): SGLang starts its scheduler with ``spawn``, which runs this
+module's top level again there (as ``__mp_main__``).
 """
 
 import json
@@ -15,8 +19,13 @@ import os
 import sys
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+if os.environ.get("ATOM_TEST_LOG_TRITON_COMPILES") == "1":
+    from atom_core.testing.jit_monitor import log_triton_compiles
+
+    log_triton_compiles()
 
 RESULT_MARKER = "SGLANG_RUNNER_RESULT "
+READY_MARKER = "SGLANG_RUNNER_ENGINE_READY"
 ENGINE_KWARGS = dict(
     device="cpu",
     dtype="float32",
@@ -34,6 +43,7 @@ def main() -> None:
 
     for run in spec["runs"]:
         engine = sglang.Engine(model_path=run["model"], **{**ENGINE_KWARGS, **run.get("engine_kwargs", {})})
+        print(READY_MARKER, file=sys.stderr, flush=True)
         try:
             params = {"temperature": 0, "max_new_tokens": run["max_tokens"], "ignore_eos": True}
             phases = [

@@ -12,26 +12,30 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SUPPORT_DIR = os.path.join(TESTS_DIR, "support")
 RUNNER = os.path.join(TESTS_DIR, "sglang_runner.py")
 RESULT_MARKER = "SGLANG_RUNNER_RESULT "
+READY_MARKER = "SGLANG_RUNNER_ENGINE_READY"
 # Every SGLang engine spawns fresh interpreters that import all of SGLang; with bytecode caching off
 # (PYTHONDONTWRITEBYTECODE, no .pyc in the environment) each one compiles it again. The engine
 # processes of the tests share one bytecode cache outside the environment instead.
 PYCACHE_DIR = os.path.join(tempfile.gettempdir(), "atom-sglang-tests-pycache")
 
 
-def sglang_env(**overrides: str) -> dict[str, str]:
-    """Environment of an SGLang process: CPU engine, the sgl_kernel stand-in first on the path, and
-    none of the caller's ATOM/SGLang plugin switches unless given in ``overrides``. One OpenMP
-    thread: the tiny models gain nothing from more, and several engines start at once on few cores
-    (spinning OpenMP workers of one process would take the cores the others are waiting for)."""
+def sglang_env(cpu_engine: bool = True, **overrides: str) -> dict[str, str]:
+    """Environment of an SGLang process: CPU engine, the sgl_kernel stand-in first on the path (on a
+    GPU, ``cpu_engine=False``: neither), and none of the caller's ATOM/SGLang plugin switches unless
+    given in ``overrides``. One OpenMP thread: the tiny models gain nothing from more, and several
+    engines start at once on few cores (spinning OpenMP workers of one process would take the cores
+    the others are waiting for)."""
     dropped = ("ATOM_DISABLE_SGLANG", "SGLANG_PLUGINS", "SGLANG_EXTERNAL_MODEL_PACKAGE",
                "PYTHONDONTWRITEBYTECODE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
-    path = os.pathsep.join(p for p in (SUPPORT_DIR, env.get("PYTHONPATH")) if p)
-    return {**env, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": path, "PYTHONPYCACHEPREFIX": PYCACHE_DIR,
+    if cpu_engine:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT_DIR, env.get("PYTHONPATH")) if p)
+    return {**env, "SGLANG_USE_CPU_ENGINE": "1" if cpu_engine else "0", "PYTHONPYCACHEPREFIX": PYCACHE_DIR,
             "OMP_NUM_THREADS": "1", **overrides}
 
 
-def run_parallel(commands: list[tuple[list[str], dict[str, str]]], timeout: int) -> list[tuple[int, str, str]]:
+def run_parallel(commands: list[tuple[list[str], dict[str, str]]], timeout: int,
+                 cpu_engine: bool = True) -> list[tuple[int, str, str]]:
     """Run ``(argv, env overrides)`` commands in SGLang environments, all at once (an engine start
     is mostly waiting); (returncode, stdout, stderr) of each."""
     with tempfile.TemporaryDirectory() as logs:
@@ -40,7 +44,8 @@ def run_parallel(commands: list[tuple[list[str], dict[str, str]]], timeout: int)
             # Files, not pipes: a pipe nobody reads yet would stall a chatty process.
             out_path, err_path = os.path.join(logs, f"{i}.out"), os.path.join(logs, f"{i}.err")
             with open(out_path, "w") as out, open(err_path, "w") as err:
-                procs.append(subprocess.Popen(argv, env=sglang_env(**env), stdout=out, stderr=err))
+                procs.append(subprocess.Popen(argv, env=sglang_env(cpu_engine, **env), stdout=out,
+                                              stderr=err))
             files.append((out_path, err_path))
         for proc in procs:
             proc.wait(timeout=timeout)
@@ -51,18 +56,21 @@ def run_parallel(commands: list[tuple[list[str], dict[str, str]]], timeout: int)
     return outputs
 
 
-def run_sglang(*jobs: tuple[list[dict], dict[str, str]], timeout: int = 900) -> list[list[dict]]:
+def run_sglang(*jobs: tuple[list[dict], dict[str, str]], timeout: int = 900,
+               cpu_engine: bool = True) -> list[list[dict]]:
     """Run each job ``(runs, env overrides)`` (runs as in sglang_runner.py) in its own fresh process,
     all at once. Per job, one result per run, each with the log lines its engine produced under
-    ``"log"``."""
+    ``"log"``: those of its start-up under ``"startup_log"``, those while serving the requests under
+    ``"serving_log"``."""
     commands = [([sys.executable, RUNNER, json.dumps({"runs": runs})], env) for runs, env in jobs]
     all_results = []
-    for (runs, _), (returncode, stdout, stderr) in zip(jobs, run_parallel(commands, timeout)):
+    for (runs, _), (returncode, stdout, stderr) in zip(jobs, run_parallel(commands, timeout, cpu_engine)):
         results = [json.loads(line[len(RESULT_MARKER):]) for line in stdout.splitlines()
                    if line.startswith(RESULT_MARKER)]
         if returncode != 0 or len(results) != len(runs):
             raise AssertionError(f"SGLang run failed (rc={returncode}):\n{stdout[-4000:]}\n{stderr[-8000:]}")
         for result, log in zip(results, stderr.split(RESULT_MARKER)):
             result["log"] = log
+            result["startup_log"], _, result["serving_log"] = log.partition(READY_MARKER)
         all_results.append(results)
     return all_results

@@ -159,3 +159,39 @@ def test_unsupported_layers_are_refused():
     q, k = torch.randn(3, NUM_HEADS * HEAD_SIZE), torch.randn(3, NUM_KV_HEADS, HEAD_SIZE)
     with pytest.raises(NotImplementedError, match="logit cap"):
         backend.forward(q, k, k, layer, forward_batch)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_start_up_runs_prefill_and_extend_kernels_over_the_pool(page_size, monkeypatch):
+    """What the backend runs when SGLang creates it at start-up: per layer geometry, varlen attention
+    on q/k/v laid out as a fused QKV projection's output, then the paged kernel's extend variant
+    (more tokens than sequences) over the layer's own pool at SGLang's page size, which it only reads."""
+    import atom_kernels
+    from atom_sglang.attention.backend import ATOMAttentionBackend
+    from atom_sglang.attention.window import to_atom_window
+
+    harness = Harness(page_size)
+    pool = harness.runners[0].token_to_kv_pool
+    pool.k_buffer[0].normal_(), pool.v_buffer[0].normal_()
+    before = pool.k_buffer[0].clone(), pool.v_buffer[0].clone()
+    calls = []
+
+    def recording(name):
+        kernel = getattr(atom_kernels, name)
+        return lambda *args, **kwargs: calls.append((name, args, kwargs)) or kernel(*args, **kwargs)
+
+    for name in ("varlen_attention", "paged_attention"):
+        monkeypatch.setattr(atom_kernels, name, recording(name))
+    layers = torch.nn.ModuleList([radix_layer(-1), radix_layer(-1), radix_layer(7)])
+    backend = ATOMAttentionBackend(harness.runners[0])
+    assert backend.compile_prefill_kernels(layers, torch.float32) == 2  # the first two layers are alike
+    assert [name for name, _, _ in calls] == ["varlen_attention", "paged_attention"] * 2
+    for (_, varlen, _), (_, paged, _), window in zip(calls[::2], calls[1::2], (-1, 7)):
+        q = varlen[0]
+        assert q.shape == (16, NUM_HEADS, HEAD_SIZE) and q.stride(0) == (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+        key_cache, value_cache, seq_lens = paged[1], paged[2], paged[4]
+        assert key_cache.data_ptr() == pool.k_buffer[0].data_ptr() and key_cache.shape[1] == page_size
+        assert value_cache.data_ptr() == pool.v_buffer[0].data_ptr()
+        assert paged[0].shape[0] > seq_lens.shape[0]
+        assert varlen[7] == paged[7] == to_atom_window(window)
+    torch.testing.assert_close((pool.k_buffer[0], pool.v_buffer[0]), before, rtol=0, atol=0)

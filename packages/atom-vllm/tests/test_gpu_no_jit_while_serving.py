@@ -7,34 +7,19 @@ steps), prefix-cache hits and decodes, with vLLM's JIT monitor logging every com
 may be an ATOM kernel. (Compiles of vLLM's own kernels are vLLM's business and are not asserted.)
 """
 
-import importlib
-import pkgutil
 import random
-import re
 
 import pytest
 import torch
-import triton
 from vllm_testing import run_vllm
+
+from atom_core.testing.jit_monitor import atom_kernels_compiled
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.vllm,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
-
-
-def atom_triton_kernels() -> set[str]:
-    """Every @triton.jit kernel of every atom_kernels module (a new module is picked up too)."""
-    import atom_kernels
-
-    modules = [importlib.import_module(f"atom_kernels.{info.name}")
-               for info in pkgutil.iter_modules(atom_kernels.__path__)]
-    return {obj.fn.__name__ for module in modules
-            for obj in vars(module).values() if isinstance(obj, triton.runtime.jit.JITFunction)}
-
 
 def test_serving_mix_compiles_no_atom_kernel(tiny_model_dir):
     model = tiny_model_dir("Qwen3ForCausalLM")
@@ -52,5 +37,5 @@ def test_serving_mix_compiles_no_atom_kernel(tiny_model_dir):
     assert all(len(o["tokens"]) == 16 for phase in result["phases"] for o in phase)
     assert any(o["num_cached_tokens"] >= 32 for o in result["phases"][1])
     assert "Kernel JIT monitor activated" in result["log"]
-    compiled = set(JIT_LINE.findall(result["log"]))
-    assert not compiled & atom_triton_kernels(), f"ATOM kernels compiled while serving: {compiled}"
+    compiled = atom_kernels_compiled(result["log"])
+    assert not compiled, f"ATOM kernels compiled while serving: {compiled}"

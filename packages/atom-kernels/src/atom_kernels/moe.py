@@ -489,18 +489,26 @@ def _moe_gemm_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & col_valid[None, :])
 
 
+# Tile sizes by the expected rows per expert (up to the first number), for GPUs with no tuned table:
+# one row block size (it fixes the sort's padding) and the same tiles for both GEMMs.
+DEFAULT_MOE_TILES = (
+    (16, 16, {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}),
+    (64, 32, {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 3}),
+    (math.inf, 64, {"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}),
+)
+
+
+def default_moe_configs() -> list[dict]:
+    """:func:`moe_config`'s form of each :data:`DEFAULT_MOE_TILES` entry."""
+    return [{"BLOCK_M": block_m, "gate_up": dict(tiles), "down": dict(tiles)}
+            for _, block_m, tiles in DEFAULT_MOE_TILES]
+
+
 def default_moe_config(num_entries: int, num_experts: int) -> dict:
-    """Tile sizes by the expected rows per expert, for GPUs with no tuned table: one row block size
-    (it fixes the sort's padding) and the same tiles for both GEMMs."""
+    """The default config for ``num_entries`` routed rows (:data:`DEFAULT_MOE_TILES`)."""
     rows_per_expert = num_entries / num_experts
-    if rows_per_expert <= 16:
-        block_m, tiles = 16, {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4}
-    elif rows_per_expert <= 64:
-        block_m, tiles = 32, {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4, "num_warps": 4}
-    else:
-        block_m, tiles = 64, {"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8}
-    tiles["num_stages"] = 3
-    return {"BLOCK_M": block_m, "gate_up": tiles, "down": tiles}
+    bucket = next(i for i, (bound, _, _) in enumerate(DEFAULT_MOE_TILES) if rows_per_expert <= bound)
+    return default_moe_configs()[bucket]
 
 
 def moe_shape_key(num_experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
@@ -684,12 +692,13 @@ def warm_up_fused_moe(
     weight_format: str = "auto",
     x_dtype: torch.dtype | None = None,
 ) -> None:
-    """Compile the Triton fused MoE for every tuned tile config of one layer's shape on this GPU, so
-    that no batch size compiles one while serving: one-token runs with fp32 routing weights and int32
+    """Compile the Triton fused MoE for every tile config one layer's shape runs on this GPU (its
+    tuned ones, or the defaults where this GPU has none for it), so that no batch size compiles one
+    while serving: one-token runs with fp32 routing weights and int32
     ids (what :mod:`atom_kernels.routing` returns). Arguments as :func:`fused_moe`'s for the layer;
     ``x_dtype`` is the activations' dtype, by default the weights' (FP8 and MXFP4 weights need it). Once per
-    shape; nothing to do off CUDA, for a shape without a tuned table, or while a CUDA graph is being
-    captured (compiling is not capturable: the shape stays pending)."""
+    shape; nothing to do off CUDA, or while a CUDA graph is being captured (compiling is not
+    capturable: the shape stays pending)."""
     if not w13.is_cuda or torch.cuda.is_current_stream_capturing():
         return
     # D and I from the dims that are not packed along K (MXFP4 stores K / 2 bytes).
@@ -704,7 +713,7 @@ def warm_up_fused_moe(
     x = torch.zeros((1, hidden), dtype=x_dtype or w13.dtype, device=w13.device)
     topk_ids = (torch.arange(top_k, device=w13.device) % num_experts).to(torch.int32)[None, :]
     topk_weights = torch.full((1, top_k), 1.0 / top_k, dtype=torch.float32, device=w13.device)
-    for config in all_tuned_configs("fused_moe", key, w13.device):
+    for config in all_tuned_configs("fused_moe", key, w13.device) or default_moe_configs():
         run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, act=ACTIVATIONS[activation],
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
                       w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,

@@ -12,6 +12,7 @@ only in name.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import torch
@@ -19,6 +20,7 @@ from torch import nn
 
 from atom_core.hosting.build import build_atom_model
 from atom_core.hosting.takeover import new_wrapper_or_host_model
+from atom_core.hosting.warmup import log_warm_up, warm_up_fused_moe_layers
 from atom_sglang.config_translation import atom_config_from_sglang, takeover_decision
 from atom_sglang.host_hooks import bind_forward_batch, install_sglang_hooks
 from atom_sglang.prefill_graph import keep_prefill_eager
@@ -78,6 +80,15 @@ class ATOMForCausalLM(nn.Module):
         with bind_forward_batch(forward_batch):
             hidden_states = self.model(input_ids, positions, input_embeds)
         return self.logits_processor(input_ids, hidden_states, self.model.lm_head, forward_batch)
+
+    def precompile_kernels_after_loading(self) -> None:
+        """SGLang's hook right after loading: compile the fused MoE for every batch size before
+        serving (atom_core.hosting.warmup). Otherwise its first call would: in the decode CUDA-graph
+        capture's warm-up runs where SGLang captures, in the first request where it does not."""
+        start = time.perf_counter()
+        expert_layers = warm_up_fused_moe_layers(self.model, self.get_input_embeddings().weight.dtype)
+        if expert_layers:
+            log_warm_up(f"fused MoE of {expert_layers} expert layer(s)", time.perf_counter() - start)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return {f"model.{name}" for name in self.model.load_weights(weights)}

@@ -294,9 +294,9 @@ class FusedMoE(nn.Module):
         else:
             copy_checked(target, loaded.narrow(1, rank * size, size))
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        out = atom_kernels.fused_moe(
-            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+    def kernel_options(self) -> dict:
+        """This layer's keyword arguments of :func:`atom_kernels.fused_moe` (and of its warm-up)."""
+        return dict(
             activation=self.activation, interleaved=self.interleaved,
             w13_bias=self.w13_bias, w2_bias=self.w2_bias,
             swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
@@ -304,9 +304,19 @@ class FusedMoE(nn.Module):
             block_size=0 if self.scheme is None or self.mxfp4 else self.scheme.weight_block or 0,
             weight_format="mxfp4" if self.mxfp4 else "auto",
         )
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = atom_kernels.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+                                     **self.kernel_options())
         if self.tp.world_size > 1:
             out = self.tp.all_reduce(out)
         return out
+
+    def warm_up(self, top_k: int, activation_dtype: torch.dtype) -> None:
+        """Compile this layer's fused MoE for every tuned tile config of its shape before serving
+        (:func:`atom_kernels.warm_up_fused_moe`); ``activation_dtype``: the dtype of ``x``."""
+        atom_kernels.warm_up_fused_moe(self.w13_weight, self.w2_weight, top_k, x_dtype=activation_dtype,
+                                       **self.kernel_options())
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ by all layers; per layer it writes the new K/V into the pool and runs:
   ``paged_attention``, the new tokens being the last of each sequence.
 
 Decode batches can be captured in CUDA graphs: the metadata then lives in static buffers that
-``init_forward_metadata_out_graph`` refills before capture and before every replay.
+``init_forward_metadata_out_graph`` refills before capture and before every replay. The prefill and
+extend kernels, which no capture reaches, run once when SGLang creates the backend at start-up
+(:meth:`ATOMAttentionBackend.compile_prefill_kernels`).
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from torch import nn
 
 import atom_kernels
+from atom_core.hosting.warmup import fused_qkv, run_prefill_attention_kernels
 from atom_core.log import logger
 from atom_kernels.cache import FP8_CACHE_DTYPES
 from atom_sglang.attention.window import to_atom_window
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -129,6 +132,28 @@ class ATOMAttentionBackend(AttentionBackend):
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
 
+    # --- start-up ---------------------------------------------------------------------------------
+
+    def compile_prefill_kernels(self, model: nn.Module, dtype: torch.dtype) -> int:
+        """Run the prefill and extend kernels once per attention-layer geometry of ``model``
+        (atom_core.hosting.warmup), on q/k/v laid out as a fused QKV projection hands them over in
+        ``dtype`` and over the layer's own pool, so that Triton compiles them before the first
+        request (SGLang runs no prefill forward at start-up). Only page 0, SGLang's padding page,
+        is read. Attention sinks have no variant here: SGLang puts sink models (GPT-OSS) on its
+        hybrid pool, which this backend does not take. The number of geometries."""
+        geometries = set()
+        for layer in model.modules():
+            if not isinstance(layer, RadixAttention):
+                continue
+            geometry = (layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim, layer.sliding_window_size)
+            if geometry in geometries:
+                continue
+            geometries.add(geometry)
+            q, k, v = fused_qkv(layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim, dtype, self.device)
+            run_prefill_attention_kernels(q, k, v, *self.paged_caches(layer), layer.scaling,
+                                          to_atom_window(layer.sliding_window_size), **self.cache_scales(layer))
+        return len(geometries)
+
     # --- attention --------------------------------------------------------------------------------
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
@@ -166,11 +191,9 @@ class ATOMAttentionBackend(AttentionBackend):
             if save_kv_cache:
                 self.save_kv(layer, forward_batch, k, v)
         else:
-            k_cache, v_cache = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
             out = atom_kernels.paged_attention(
                 q,
-                k_cache.view(-1, self.page_size, num_kv_heads, head_size),
-                v_cache.view(-1, self.page_size, num_kv_heads, head_size),
+                *self.paged_caches(layer),
                 metadata.query_start_loc,
                 metadata.seq_lens,
                 metadata.block_table,
@@ -180,6 +203,12 @@ class ATOMAttentionBackend(AttentionBackend):
                 **self.cache_scales(layer),
             )
         return out.reshape(-1, num_heads * head_size)
+
+    def paged_caches(self, layer: RadixAttention) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V pools as [pages, page_size, kv_heads, head_size] caches."""
+        shape = (-1, self.page_size, layer.tp_k_head_num, layer.head_dim)
+        k_cache, v_cache = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        return k_cache.view(shape), v_cache.view(shape)
 
     def cache_scales(self, layer: RadixAttention) -> dict:
         """The layer's K/V scales for an FP8 pool (none: 1.0, SGLang's default), else nothing."""

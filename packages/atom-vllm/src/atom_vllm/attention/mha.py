@@ -34,6 +34,7 @@ from vllm.v1.attention.backend import (
 
 import atom_kernels
 from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES
+from atom_core.hosting.warmup import run_prefill_attention_kernels
 from atom_vllm.attention import ATOMBackendBase, decode_graph_support
 
 
@@ -251,27 +252,13 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
     def compile_prefill_kernels(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                 output: torch.Tensor) -> None:
         """Run the prefill and extend attention kernels once on this layer's real q/k/v/output
-        tensors (their strides and alignment are what Triton specializes on), so that they compile
-        during vLLM's start-up warm-up rather than on the first long prompt. Decode kernels compile
-        when vLLM captures its decode CUDA graphs. The results are discarded."""
+        tensors (atom_core.hosting.warmup), so that they compile during vLLM's start-up warm-up
+        rather than on the first long prompt. Decode kernels compile when vLLM captures its decode
+        CUDA graphs. The extend kernel reads a one-block scratch cache in vLLM's layout, its block
+        size a multiple of 16 as vLLM's are here (get_supported_kernel_block_sizes)."""
         self.prefill_kernels_compiled = True
-        n = min(query.shape[0], 16)
-        if n < 3:  # the extend batch below needs more tokens than requests, or it is a decode batch
-            return
-        device = query.device
-        int32 = dict(dtype=torch.int32, device=device)
-        cu_seqlens = torch.tensor([0, n], **int32)
-        atom_kernels.varlen_attention(query[:n], key[:n], value[:n], cu_seqlens, cu_seqlens, self.scale,
-                                      True, self.sliding_window, self.sinks, out=output[:n])
-        # One decode and one extend request over a one-block scratch cache: the paged kernel's
-        # non-decode variant, which chunked prefill and prefix-cache hits use.
-        block_size = 16
-        scratch = torch.zeros((2, 1, block_size, self.num_kv_heads, self.head_size),
-                              dtype=torch.uint8 if self.fp8_cache_dtype else key.dtype, device=device)
+        scratch = torch.zeros((2, 1, 16, self.num_kv_heads, self.head_size),
+                              dtype=torch.uint8 if self.fp8_cache_dtype else key.dtype, device=query.device)
         key_cache, value_cache, scales = self.cache_views(layer, scratch)
-        atom_kernels.paged_attention(
-            query[:n], key_cache, value_cache, torch.tensor([0, 1, n], **int32),
-            torch.tensor([1, n], **int32), torch.zeros((2, 1), **int32), self.scale,
-            self.sliding_window, self.sinks, out=output[:n], **scales,
-        )
-
+        run_prefill_attention_kernels(query, key, value, key_cache, value_cache, self.scale,
+                                      self.sliding_window, self.sinks, out=output, **scales)

@@ -1,0 +1,87 @@
+"""Start-up warm-up: which ATOM kernels a host glue runs once before serving, and on what.
+
+Triton compiles a kernel variant the first time it is launched with it (constexprs, dtypes, and
+which integer arguments and pointers are 16-divisible). A variant first met while serving stalls the
+engine for the length of the compile; on a fresh H200 that cost SGLang+ATOM a fifth of its
+throughput. Decode kernels compile when the host captures its decode CUDA graphs; the kernels here
+are the ones only prefill batches reach. Each glue calls them from its own start-up hook
+(atom_vllm: vLLM's batch-less profile and warm-up passes; atom_sglang: the attention backend's
+construction and SGLang's after-loading hook of the model) and logs with :func:`log_warm_up`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import atom_kernels
+from atom_core.layers.moe import SparseMoeBlock
+from atom_core.log import logger
+
+WARM_UP_TOKENS = 16
+
+
+def run_prefill_attention_kernels(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> bool:
+    """Run the attention kernels of prefill batches once on the first :data:`WARM_UP_TOKENS` rows of
+    a layer's ``query`` [T, H, D], ``key`` and ``value`` [T, KH, D]: varlen attention (one fresh
+    prompt over its own K/V), then the paged kernel's non-decode variant over the layer's caches
+    [blocks, block_size, KH, D] (chunked prefill and prefix-cache hits: one decode and one extend
+    request, every page of which is block 0; only read). Triton specializes on strides and
+    alignment, so pass the layer's own tensors, or views laid out as the layer hands them over
+    (:func:`fused_qkv`). The results are discarded (written into ``out`` where given). False, and
+    nothing run, below 3 tokens: the extend request needs more tokens than there are requests."""
+    n = min(query.shape[0], WARM_UP_TOKENS)
+    if n < 3:
+        return False
+    first = None if out is None else out[:n]
+    int32 = dict(dtype=torch.int32, device=query.device)
+    cu_seqlens = torch.tensor([0, n], **int32)
+    atom_kernels.varlen_attention(query[:n], key[:n], value[:n], cu_seqlens, cu_seqlens, scale, True,
+                                  sliding_window, sinks, out=first)
+    pages = -(-n // key_cache.shape[1])
+    atom_kernels.paged_attention(
+        query[:n], key_cache, value_cache, torch.tensor([0, 1, n], **int32), torch.tensor([1, n], **int32),
+        torch.zeros((2, pages), **int32), scale, sliding_window, sinks, out=first, k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    return True
+
+
+def fused_qkv(num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Zero q [T, H, D], k and v [T, KH, D] of :data:`WARM_UP_TOKENS` tokens, as views of one
+    [T, (H + 2 KH) D] buffer: the layout of a fused QKV projection's output, for a host that warms up
+    without a forward pass to take the layer's own tensors from."""
+    sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+    qkv = torch.zeros(WARM_UP_TOKENS, sum(sizes), dtype=dtype, device=device)
+    q, k, v = qkv.split(sizes, dim=-1)
+    return (q.view(-1, num_heads, head_size), k.view(-1, num_kv_heads, head_size),
+            v.view(-1, num_kv_heads, head_size))
+
+
+def warm_up_fused_moe_layers(model: nn.Module, activation_dtype: torch.dtype) -> int:
+    """Compile the fused MoE of every expert layer of ``model`` for each tuned tile config of its
+    shape (:func:`atom_kernels.warm_up_fused_moe`: prefill sizes pick other tiles than decode sizes;
+    nothing to compile off CUDA); ``activation_dtype``: the dtype of the activations the experts
+    get. The number of expert layers."""
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    for block in blocks:
+        block.experts.warm_up(block.gate.top_k, activation_dtype)
+    return len(blocks)
+
+
+def log_warm_up(what: str, seconds: float) -> None:
+    logger.info("Warm-up before serving: %s in %.2f s", what, seconds)
