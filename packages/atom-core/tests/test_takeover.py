@@ -31,6 +31,7 @@ from atom_core.hosting.takeover import (
     report_hand_back,
 )
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
+from atom_core.testing.tiny_models import tiny_hf_config
 
 PUBLISHED = Path(__file__).parent / "data" / "published_configs"
 
@@ -131,6 +132,16 @@ def qwen3(tmp_path):
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_each_reason(qwen3, fields, reason):
     assert decide_takeover(dataclasses.replace(qwen3, **fields)).reasons == (reason,)
+
+
+def test_speculative_decoding_of_recurrent_state_is_handed_back(qwen3):
+    """Qwen3-Next's Gated DeltaNet state is cached once per sequence, with no room for draft tokens;
+    a model without recurrent state keeps serving under speculative decoding."""
+    qwen3_next = hosted(tiny_hf_config("Qwen3NextForCausalLM"), speculative_tokens=2)
+    assert decide_takeover(qwen3_next).reasons == (
+        "speculative decoding of Qwen3NextForCausalLM's recurrent state is not supported",)
+    assert decide_takeover(dataclasses.replace(qwen3_next, speculative_tokens=0)).atom_serves
+    assert decide_takeover(dataclasses.replace(qwen3, speculative_tokens=2)).atom_serves
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "bf16", "fp8", "fp8_e4m3"])
