@@ -1,4 +1,5 @@
-"""ATOM-owned torch.compile: piecewise split at attention; compiled logits equal eager logits."""
+"""ATOM-owned torch.compile: piecewise split at attention (and at Qwen3-Next's Gated DeltaNet cores);
+compiled logits equal eager logits."""
 
 import re
 
@@ -32,7 +33,7 @@ def logits(model, lengths: list[int], seed: int) -> torch.Tensor:
         return model.compute_logits(model(input_ids, positions))
 
 
-@pytest.mark.parametrize("architecture", ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
+@pytest.mark.parametrize("architecture", ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"])
 def test_piecewise_compile_matches_eager(tiny_model_dir, architecture, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path))
     model_dir = tiny_model_dir(architecture)

@@ -81,6 +81,18 @@ def test_prefix_caching_resumes_from_cached_state(model, prompts):
     assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
 
 
+def test_under_atom_piecewise_compile(model, prompts, tmp_path):
+    """ATOM's torch.compile (level 3) splits at each attention and each Gated DeltaNet core
+    (atom::gated_delta_core), which then runs eagerly on vLLM's state cache and metadata."""
+    phase1, _ = prompts
+    result = run_vllm(model, [phase1], MAX_TOKENS, env={"ATOM_CACHE_DIR": str(tmp_path)},
+                      llm_kwargs={**CHUNKED, "enforce_eager": False,
+                                  "additional_config": {"atom_compilation_level": 3}})
+    assert_atom_serves_the_state(result)
+    assert "INFO atom: torch.compile: 4 attention split points, 5 compiled pieces" in result["log"]
+    assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU Gated DeltaNet limits")
 def test_vllm_alone_refuses_fp32_on_cpu(model, prompts):
     phase1, _ = prompts

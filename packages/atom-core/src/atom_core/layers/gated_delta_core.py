@@ -17,6 +17,10 @@ recurrent state of :func:`gated_delta_state_shapes`) describes each batch as a
 :class:`CachedStateBatch` and runs :func:`forward_with_state_cache`: decodes step the recurrent
 kernels, prefill/extend chunks run the chunked rule from the state their slot holds, and both write
 their final states back to their slots.
+
+Under torch.compile a layer reaches its core through the custom op ``torch.ops.atom.gated_delta_core``
+(:func:`run_core`), which finds the core by name: ATOM's compile backend splits the graph there, as at
+attention, so the core reads the host's state and per-step metadata eagerly.
 """
 
 from __future__ import annotations
@@ -140,6 +144,7 @@ def forward_with_state_cache(spec: GatedDeltaCoreSpec, mixed_qkv: torch.Tensor, 
 
 
 _factory: GatedDeltaCoreFactory = StandaloneGatedDeltaCore
+_cores_by_name: dict[str, nn.Module] = {}
 
 
 def set_gated_delta_core_factory(factory: GatedDeltaCoreFactory) -> None:
@@ -148,5 +153,33 @@ def set_gated_delta_core_factory(factory: GatedDeltaCoreFactory) -> None:
 
 
 def build_gated_delta_core(spec: GatedDeltaCoreSpec) -> nn.Module:
-    """The core of one layer, from the factory set now (the standalone one unless a host set its)."""
-    return _factory(spec)
+    """The core of one layer, from the factory set now (the standalone one unless a host set its).
+    The latest model built in this process owns the name (tests build several models)."""
+    core = _factory(spec)
+    _cores_by_name[spec.prefix] = core
+    return core
+
+
+@torch.library.custom_op("atom::gated_delta_core", mutates_args=["output"])
+def gated_delta_core(mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, output: torch.Tensor,
+                     layer_name: str) -> None:
+    output.copy_(_cores_by_name[layer_name](mixed_qkv, g, beta))
+
+
+@gated_delta_core.register_fake
+def _gated_delta_core_fake(mixed_qkv, g, beta, output, layer_name) -> None:
+    return None
+
+
+# The compile backend splits graphs at ops carrying this flag (atom_core.compile.split).
+torch.ops.atom.gated_delta_core.atom_splitting_op = True
+
+
+def run_core(spec: GatedDeltaCoreSpec, core: nn.Module, mixed_qkv: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor) -> torch.Tensor:
+    """``core(mixed_qkv, g, beta)``; under torch.compile through ``atom::gated_delta_core``."""
+    if not torch.compiler.is_compiling():
+        return core(mixed_qkv, g, beta)
+    output = mixed_qkv.new_empty(mixed_qkv.shape[0], spec.num_v_heads, spec.head_v_dim)
+    torch.ops.atom.gated_delta_core(mixed_qkv, g, beta, output, spec.prefix)
+    return output
