@@ -93,6 +93,27 @@ def test_under_atom_piecewise_compile(model, prompts, tmp_path):
     assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)
 
 
+def test_state_cache_is_sized_for_whichever_model_serves(model):
+    """vLLM sizes the state cache from the registered class before building a model: ATOM's layout
+    where ATOM serves, vLLM's own class's (its speculative-decoding conv window included) where
+    ATOM hands the model back."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM as VllmQwen3Next
+
+    from atom_vllm.model_wrapper import ATOMHybridForCausalLM
+
+    served = EngineArgs(model=model, dtype="float32", max_model_len=256).create_engine_config()
+    # conv: (2 x 2 key heads x 16 + 4 value heads x 24) channels x (kernel 4 - 1); recurrent [HV, K, V]
+    assert ATOMHybridForCausalLM.get_mamba_state_shape_from_config(served) == ((160, 3), (4, 16, 24))
+    assert ATOMHybridForCausalLM.get_mamba_state_dtype_from_config(served) == (torch.float32,) * 2
+    handed_back = EngineArgs(
+        model=model, dtype="float32", max_model_len=256,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+    ).create_engine_config()
+    assert (ATOMHybridForCausalLM.get_mamba_state_shape_from_config(handed_back)
+            == VllmQwen3Next.get_mamba_state_shape_from_config(handed_back))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU Gated DeltaNet limits")
 def test_vllm_alone_refuses_fp32_on_cpu(model, prompts):
     phase1, _ = prompts
