@@ -87,7 +87,7 @@ class ATOMHybridForCausalLM(ATOMModelBase):
     """vLLM's hybrid-model class methods (its ``IsHybrid`` interface, which the registry entry reports
     from vLLM's own class). vLLM calls them on the registered class, before any model is built, to
     size the state cache: ATOM's state layout where ATOM serves, vLLM's own class's where it hands the
-    model back. Only the per-instance copy functions come from the instance itself."""
+    model back. The copy functions vLLM asks of the built model, so a handed-back model gives its own."""
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config) -> tuple[tuple[int, ...], ...]:
