@@ -1,4 +1,5 @@
-"""ATOM-owned torch.compile: piecewise split at attention; compiled logits equal eager logits."""
+"""ATOM-owned torch.compile: piecewise split at attention (and at Qwen3-Next's Gated DeltaNet cores);
+compiled logits equal eager logits."""
 
 import re
 
@@ -36,6 +37,7 @@ def logits(model, lengths: list[int], seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("architecture, fp8_form", [("Qwen3ForCausalLM", None),
                                                      ("Qwen3MoeForCausalLM", None),
+                                                     ("Qwen3NextForCausalLM", None),
                                                      ("Qwen3ForCausalLM", "fp8-block")])
 def test_piecewise_compile_matches_eager(tiny_model_dir, architecture, fp8_form, tmp_path, monkeypatch,
                                          caplog):

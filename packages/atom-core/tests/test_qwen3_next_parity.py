@@ -1,5 +1,5 @@
-"""Qwen3-Next: ATOM's model (atom_core.models.qwen3_next) built directly, as no host serves it yet,
-against HF transformers' on a tiny random checkpoint (fp32).
+"""Qwen3-Next: ATOM's model (atom_core.models.qwen3_next) built directly, against HF transformers'
+on a tiny random checkpoint (fp32). Served through vLLM: atom-vllm's test_qwen3_next_vllm.
 
 HF runs its torch fallbacks of the conv and the chunked gated delta rule (without the optional
 ``causal_conv1d`` and ``flash-linear-attention`` packages), ATOM the torch references of
@@ -19,7 +19,6 @@ from transformers import AutoConfig  # noqa: E402
 from atom_core import Config  # noqa: E402
 from atom_core.hosting.hf_config import complete_hf_config  # noqa: E402
 from atom_core.loader import iter_safetensors  # noqa: E402
-from atom_core.models import SUPPORTED_ARCHITECTURES  # noqa: E402
 from atom_core.models.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
@@ -37,10 +36,6 @@ def atom_qwen3_next(model_dir: str) -> Qwen3NextForCausalLM:
                                         torch_dtype=torch.float32))
     model.load_weights(iter_safetensors(model_dir))
     return model.eval()
-
-
-def test_not_served_through_hosts_yet():
-    assert ARCHITECTURE not in SUPPORTED_ARCHITECTURES
 
 
 def test_checkpoint_has_hub_layout(model_dir):

@@ -23,6 +23,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from atom_core.hosting.hf_config import complete_hf_config
 from atom_core.hosting.takeover import (
+    HYBRID_GPU_OPT_IN_REASON,
     MXFP4_OPT_IN_REASON,
     HostedModel,
     TakeoverRefused,
@@ -31,6 +32,7 @@ from atom_core.hosting.takeover import (
     report_hand_back,
 )
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
+from atom_core.testing.tiny_models import tiny_hf_config
 
 PUBLISHED = Path(__file__).parent / "data" / "published_configs"
 
@@ -131,6 +133,28 @@ def qwen3(tmp_path):
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_each_reason(qwen3, fields, reason):
     assert decide_takeover(dataclasses.replace(qwen3, **fields)).reasons == (reason,)
+
+
+def test_speculative_decoding_of_recurrent_state_is_handed_back(qwen3):
+    """Qwen3-Next's Gated DeltaNet state is cached once per sequence, with no room for draft tokens;
+    a model without recurrent state keeps serving under speculative decoding."""
+    qwen3_next = hosted(tiny_hf_config("Qwen3NextForCausalLM"), speculative_tokens=2)
+    assert decide_takeover(qwen3_next).reasons == (
+        "speculative decoding of Qwen3NextForCausalLM's recurrent state is not supported",)
+    assert decide_takeover(dataclasses.replace(qwen3_next, speculative_tokens=0)).atom_serves
+    assert decide_takeover(dataclasses.replace(qwen3, speculative_tokens=2)).atom_serves
+
+
+def test_hybrid_models_on_a_gpu_are_opt_in(qwen3, monkeypatch):
+    """Qwen3-Next's host glue is verified on CPU only: on a GPU the host serves it unless
+    ATOM_SERVE_HYBRID_ON_GPU=1; models without recurrent state are served on GPUs as before."""
+    monkeypatch.delenv("ATOM_SERVE_HYBRID_ON_GPU", raising=False)
+    qwen3_next = hosted(tiny_hf_config("Qwen3NextForCausalLM"), device="cuda")
+    assert decide_takeover(qwen3_next).reasons == (HYBRID_GPU_OPT_IN_REASON,)
+    assert decide_takeover(dataclasses.replace(qwen3_next, device="cpu")).atom_serves
+    assert decide_takeover(dataclasses.replace(qwen3, device="cuda")).atom_serves
+    monkeypatch.setenv("ATOM_SERVE_HYBRID_ON_GPU", "1")
+    assert decide_takeover(qwen3_next).atom_serves
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "bf16", "fp8", "fp8_e4m3"])

@@ -7,7 +7,13 @@ import torch
 from transformers import Qwen3Config
 
 from atom_core.config import CompilationLevel
-from atom_sglang.config_translation import atom_config_from_sglang, unpadded_hf_config
+from atom_core.testing.tiny_models import tiny_hf_config
+from atom_sglang.config_translation import (
+    RECURRENT_STATE_REASON,
+    atom_config_from_sglang,
+    takeover_decision,
+    unpadded_hf_config,
+)
 
 
 def hf_config(**overrides):
@@ -53,3 +59,15 @@ def test_cpu_padding_is_undone_on_a_copy():
 def test_padded_heads_are_refused():
     with pytest.raises(NotImplementedError, match="padded 3 attention heads to 4"):
         unpadded_hf_config(hf_config(original_num_attention_heads=3))
+
+
+def test_recurrent_state_models_are_handed_back():
+    """Qwen3-Next's Gated DeltaNet state has no cache in SGLang's glue yet: SGLang serves it itself."""
+    server_args = SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto",
+                                  is_embedding=False)
+    qwen3_next = SimpleNamespace(hf_config=tiny_hf_config("Qwen3NextForCausalLM"), dtype=torch.bfloat16,
+                                 quantization=None)
+    assert takeover_decision(server_args, qwen3_next).reasons == (RECURRENT_STATE_REASON,)
+    qwen3 = SimpleNamespace(hf_config=tiny_hf_config("Qwen3ForCausalLM"), dtype=torch.bfloat16,
+                            quantization=None)
+    assert takeover_decision(server_args, qwen3).atom_serves

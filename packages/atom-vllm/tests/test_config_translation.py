@@ -5,7 +5,7 @@ import torch
 from vllm.engine.arg_utils import EngineArgs
 
 from atom_core.config import CompilationLevel
-from atom_vllm.config_translation import atom_config_from_vllm
+from atom_vllm.config_translation import atom_config_from_vllm, takeover_decision
 
 ENGINE_ARGS = [
     dict(dtype="float32", max_model_len=300, enforce_eager=True),
@@ -43,3 +43,13 @@ def test_field(translated, name, expected):
     vllm_config, kwargs, atom_config = translated
     assert field(atom_config, name) == expected(vllm_config, kwargs)
 
+
+
+def test_speculative_decoding_reaches_the_takeover_decision(tiny_model_dir):
+    """vLLM's draft-token count is what hands Qwen3-Next's recurrent state back to vLLM."""
+    vllm_config = EngineArgs(
+        model=tiny_model_dir("Qwen3NextForCausalLM"), dtype="float32", max_model_len=256,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+    ).create_engine_config()
+    assert takeover_decision(vllm_config).reasons == (
+        "speculative decoding of Qwen3NextForCausalLM's recurrent state is not supported",)

@@ -65,7 +65,8 @@ def test_register_model_is_idempotent_and_overrides_supported_architectures(monk
     register.register_model()
     for architecture, entry in SUPPORTED_ARCHITECTURES.items():
         registered = ModelRegistry.models[architecture]
-        wrapper = "ATOMMoEForCausalLM" if entry.is_moe else "ATOMForCausalLM"
+        wrapper = ("ATOMHybridForCausalLM" if entry.recurrent_state
+                   else "ATOMMoEForCausalLM" if entry.is_moe else "ATOMForCausalLM")
         assert registered.load_model_cls() is getattr(model_wrapper, wrapper)
         # vLLM's own entry stays underneath: it serves what ATOM hands back.
         assert registered.host_entry.module_name.startswith("vllm.model_executor.models.")

@@ -26,6 +26,13 @@ def serve_mxfp4() -> bool:
     return flag("ATOM_SERVE_MXFP4")
 
 
+def serve_hybrid_on_gpu() -> bool:
+    """ATOM_SERVE_HYBRID_ON_GPU=1: ATOM serves its hybrid linear-attention models (Qwen3-Next) on
+    GPUs too. Off by default: their host glue is verified on CPU only (its GPU kernels, CUDA graphs
+    and speed against the host are not measured yet), so on a GPU the host serves them."""
+    return flag("ATOM_SERVE_HYBRID_ON_GPU")
+
+
 def fp8_activation_fusion_disabled() -> bool:
     """ATOM_DISABLE_FP8_ACTIVATION_FUSION=1: the RMSNorms and SiLU * mul before FP8 linear layers
     emit the model dtype and each FP8 linear quantizes its own input, in a launch of its own (see

@@ -23,6 +23,7 @@ from typing import Any
 
 from atom_core.config import Config
 from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, HostedModel, TakeoverDecision, decide_takeover
+from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.quantization import quant_config_from_hf
 
 
@@ -41,6 +42,7 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
         pipeline_parallel_size=server_args.pp_size,
         kv_cache_dtype=server_args.kv_cache_dtype,
         generates=not server_args.is_embedding,
+        device=server_args.device,
     )
 
 
@@ -61,9 +63,17 @@ FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang is not verified 
 CT_KV_SCALES_REASON = "compressed-tensors KV-cache scales are not read by SGLang"
 
 
+# Qwen3-Next's Gated DeltaNet layers keep a recurrent state per sequence, which a host must cache
+# (atom_core.layers.gated_delta_core); the vLLM glue keeps it in vLLM's state cache, this glue has
+# nothing to keep it in yet.
+RECURRENT_STATE_REASON = "SGLang's glue keeps no recurrent state of linear-attention layers yet"
+
+
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
+    if decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
+        return dataclasses.replace(decision, reasons=(RECURRENT_STATE_REASON,))
     checkpoint = quant_config_from_hf(model.hf_config) if decision.atom_serves else None
     if checkpoint is not None and checkpoint.kv_cache_scales:
         return dataclasses.replace(decision, reasons=(CT_KV_SCALES_REASON,))

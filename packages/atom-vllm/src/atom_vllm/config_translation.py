@@ -30,7 +30,10 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
         lora=vllm_config.lora_config is not None,
         pipeline_parallel_size=vllm_config.parallel_config.pipeline_parallel_size,
         kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        speculative_tokens=(vllm_config.speculative_config.num_speculative_tokens or 0
+                            if vllm_config.speculative_config else 0),
         generates=model_config.runner_type == "generate" and model_config.convert_type == "none",
+        device=vllm_config.device_config.device_type,
     )
 
 

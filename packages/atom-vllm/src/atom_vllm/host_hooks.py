@@ -1,5 +1,6 @@
-"""Plug vLLM's TP group and attention layers into atom-core (see atom_core.distributed, and
-atom_core.layers.attention / atom_core.layers.mla)."""
+"""Plug vLLM's TP group, attention layers and state cache into atom-core (see
+atom_core.distributed, and atom_core.layers.attention / atom_core.layers.mla /
+atom_core.layers.gated_delta_core)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import nn
 from atom_core.compile import set_piece_wrapper
 from atom_core.distributed import TPGroup, set_tp_group
 from atom_core.layers.attention import AttentionSpec, set_attention_factory
+from atom_core.layers.gated_delta_core import GatedDeltaCoreSpec, set_gated_delta_core_factory
 from atom_core.layers.mla import LatentAttentionSpec, set_latent_attention_factory
 
 
@@ -92,6 +94,13 @@ def vllm_latent_attention(spec: LatentAttentionSpec) -> nn.Module:
     return ATOMMLAAttention(spec)
 
 
+def vllm_gated_delta_core(spec: GatedDeltaCoreSpec) -> nn.Module:
+    """A Gated DeltaNet core whose states live in vLLM's state cache (atom_vllm.attention.gated_delta)."""
+    from atom_vllm.attention.gated_delta import ATOMGatedDeltaCore
+
+    return ATOMGatedDeltaCore(spec)
+
+
 def vllm_piecewise_cudagraph_wrapper(vllm_config):
     """Wrap each of ATOM's compiled pieces in vLLM's static-graph wrapper (PIECEWISE), as vLLM does
     for its own compiled models: vLLM then captures and replays the pieces per batch size, and
@@ -125,3 +134,4 @@ def install_vllm_hooks(vllm_config) -> None:
     set_attention_factory(vllm_attention)
     set_piece_wrapper(vllm_piecewise_cudagraph_wrapper(vllm_config))
     set_latent_attention_factory(vllm_latent_attention)
+    set_gated_delta_core_factory(vllm_gated_delta_core)

@@ -1,6 +1,7 @@
 """vLLM model classes that serve every ATOM architecture: vLLM's model contract on the outside,
 an atom-core model inside. ``ATOMForCausalLM`` (dense) and ``ATOMMoEForCausalLM`` (MoE) differ only
-in name, so logs and `vllm` model inspection tell them apart.
+in name, so logs and `vllm` model inspection tell them apart; ``ATOMHybridForCausalLM`` serves
+architectures with recurrent-state layers (Qwen3-Next), and tells vLLM how to size their state cache.
 
 Constructing one first decides whether ATOM serves this configuration at all
 (atom_core.hosting.takeover); where it does not, the constructor returns vLLM's own model instead,
@@ -16,21 +17,28 @@ from torch import nn
 
 from atom_core.hosting.build import build_atom_model
 from atom_core.hosting.takeover import new_wrapper_or_host_model
+from atom_core.models import get_model_class
 from atom_vllm.config_translation import atom_config_from_vllm, takeover_decision
 from atom_vllm.host_hooks import install_vllm_hooks
+
+
+def host_class(vllm_config) -> type:
+    """vLLM's own model class for this configuration's architecture."""
+    from vllm import ModelRegistry
+
+    from atom_vllm.registry_entry import host_model_class
+
+    return host_model_class(ModelRegistry, vllm_config.model_config.architectures[0])
 
 
 def build_host_model(vllm_config, prefix: str) -> nn.Module:
     """vLLM's own model for this configuration, as vLLM's loader builds it: its class for the
     architecture, converted for a pooling runner the way vLLM converts it."""
-    from vllm import ModelRegistry
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.model_executor.models.adapters import as_embedding_model, as_seq_cls_model
 
-    from atom_vllm.registry_entry import host_model_class
-
     model_config = vllm_config.model_config
-    model_class = host_model_class(ModelRegistry, model_config.architectures[0])
+    model_class = host_class(vllm_config)
     convert = {"none": lambda cls: cls, "embed": as_embedding_model, "classify": as_seq_cls_model}
     model_class = convert[model_config.convert_type](model_class)
     return initialize_model(vllm_config, prefix=prefix, model_class=model_class)
@@ -73,3 +81,35 @@ class ATOMForCausalLM(ATOMModelBase):
 
 class ATOMMoEForCausalLM(ATOMModelBase):
     pass
+
+
+class ATOMHybridForCausalLM(ATOMModelBase):
+    """vLLM's hybrid-model class methods (its ``IsHybrid`` interface, which the registry entry reports
+    from vLLM's own class). vLLM calls them on the registered class, before any model is built, to
+    size the state cache: ATOM's state layout where ATOM serves, vLLM's own class's where it hands the
+    model back. The copy functions vLLM asks of the built model, so a handed-back model gives its own."""
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config) -> tuple[tuple[int, ...], ...]:
+        if not takeover_decision(vllm_config).atom_serves:
+            return host_class(vllm_config).get_mamba_state_shape_from_config(vllm_config)
+        model_config = vllm_config.model_config
+        return get_model_class(model_config.architectures[0]).recurrent_state_shapes(
+            model_config.hf_text_config, vllm_config.parallel_config.tensor_parallel_size)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config) -> tuple[torch.dtype, ...]:
+        if not takeover_decision(vllm_config).atom_serves:
+            return host_class(vllm_config).get_mamba_state_dtype_from_config(vllm_config)
+        from atom_vllm.attention.gated_delta import state_dtypes
+
+        return state_dtypes(vllm_config)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        """How vLLM copies a state block under prefix caching: whole blocks (without speculative
+        decoding, which ATOM hands back, vLLM's Gated DeltaNet copy functions copy whole blocks
+        whatever their layout)."""
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()

@@ -65,6 +65,20 @@ def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
     )
 
 
+def cpu_runner_zeroes_only_its_layout() -> bool:
+    """Whether the model being built is one with recurrent-state layers on vLLM's CPU runner. vLLM
+    zeroes the full-attention cache blocks of such models when it hands them out (their pages are
+    shared with the state cache); its CPU runner indexes them as ``kv_cache[block]``, the layout of
+    vLLM's CPU backend, where ATOM's MHA cache has K and V outermost (the GPU runner asks the
+    backend for its block dimension). So on CPU vLLM's backend serves those layers."""
+    from vllm.config import get_current_vllm_config
+    from vllm.platforms import current_platform
+
+    architecture = takeover_decision(get_current_vllm_config()).architecture
+    entry = SUPPORTED_ARCHITECTURES.get(architecture)
+    return current_platform.is_cpu() and entry is not None and entry.recurrent_state
+
+
 def atom_mla_supports(config: AttentionSelectorConfig) -> bool:
     """Whether ATOM's MLA backend serves this layer: dense MLA in a model ATOM serves. (The MLA
     layers of the models vLLM serves itself are vLLM's own and need vLLM's MLA backends.)"""
@@ -82,6 +96,7 @@ def atom_mla_supports(config: AttentionSelectorConfig) -> bool:
 class ATOMPlatform(_Base):
     _atom_attention_logged = False
     _atom_mla_logged = False
+    _cpu_hybrid_logged = False
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
@@ -91,6 +106,12 @@ class ATOMPlatform(_Base):
                 cls._atom_mla_logged = True
             return MLA_BACKEND
         if envs.attention_disabled() or not atom_attention_supports(attn_selector_config):
+            return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
+        if cpu_runner_zeroes_only_its_layout():
+            if not cls._cpu_hybrid_logged:
+                logger.info("vLLM's CPU attention serves the full-attention layers of this hybrid model "
+                            "(vLLM's CPU runner zeroes reused cache blocks in its own layout only)")
+                cls._cpu_hybrid_logged = True
             return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
         if not cls._atom_attention_logged:
             logger.info("Use atom attention backend")

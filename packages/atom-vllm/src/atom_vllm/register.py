@@ -11,6 +11,7 @@ from atom_vllm.version import VLLM_RELEASE
 PLATFORM_QUALNAME = "atom_vllm.platform.ATOMPlatform"
 DENSE_WRAPPER = "atom_vllm.model_wrapper:ATOMForCausalLM"
 MOE_WRAPPER = "atom_vllm.model_wrapper:ATOMMoEForCausalLM"
+HYBRID_WRAPPER = "atom_vllm.model_wrapper:ATOMHybridForCausalLM"
 MHA_BACKEND = "atom_vllm.attention.mha.ATOMAttentionBackend"
 MLA_BACKEND = "atom_vllm.attention.mla.ATOMMLABackend"
 
@@ -30,6 +31,13 @@ def register_platform() -> str | None:
     return PLATFORM_QUALNAME
 
 
+def wrapper_for(entry) -> str:
+    """ATOM's vLLM model class for an atom_core.models registry entry."""
+    if entry.recurrent_state:
+        return HYBRID_WRAPPER
+    return MOE_WRAPPER if entry.is_moe else DENSE_WRAPPER
+
+
 def register_model() -> None:
     """``vllm.general_plugins``: point vLLM's registry at ATOM for each supported architecture."""
     global _registered_models
@@ -43,7 +51,7 @@ def register_model() -> None:
     from atom_vllm.registry_entry import register_atom_model
 
     for architecture, entry in SUPPORTED_ARCHITECTURES.items():
-        wrapper = MOE_WRAPPER if entry.is_moe else DENSE_WRAPPER
+        wrapper = wrapper_for(entry)
         register_atom_model(ModelRegistry, architecture, wrapper)
         logger.info("Register model %s to vLLM with %s", architecture, wrapper)
     # ATOM's backend names itself CUSTOM (vLLM's slot for out-of-tree attention backends).

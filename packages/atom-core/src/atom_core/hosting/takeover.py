@@ -17,6 +17,8 @@ The reasons, in the order they are checked (each one is a function below):
 | quantization | a scheme atom_core.quantization does not serve; online FP8; MXFP4 (opt-in); MLA KV scales |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
+| speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
+| hybrid model on a GPU | recurrent-state models are verified on CPU only so far (opt-in: ATOM_SERVE_HYBRID_ON_GPU=1) |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
 | dtype | ATOM's kernels run float32, bfloat16 and float16 |
 | rope type | ATOM builds default, linear, llama3 and yarn rotary tables |
@@ -63,7 +65,9 @@ class HostedModel:
     lora: bool = False
     pipeline_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
+    speculative_tokens: int = 0  # draft tokens per step, 0 without speculative decoding
     generates: bool = True  # False: the host runs it as an embedding / pooling model
+    device: str = "cpu"  # the host's device type: "cpu", "cuda", ...
 
 
 def _architecture(model: HostedModel) -> str | None:
@@ -120,6 +124,22 @@ def _pipeline_parallel(model: HostedModel) -> str | None:
     return f"pipeline parallelism (size {model.pipeline_parallel_size}) is not supported"
 
 
+def _speculative(model: HostedModel) -> str | None:
+    if model.speculative_tokens and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
+        return f"speculative decoding of {model.architecture}'s recurrent state is not supported"
+    return None
+
+
+HYBRID_GPU_OPT_IN_REASON = ("hybrid linear-attention models are verified with ATOM on CPU only so far "
+                            "(ATOM_SERVE_HYBRID_ON_GPU=1 serves them with ATOM on GPUs)")
+
+
+def _hybrid_on_gpu(model: HostedModel) -> str | None:
+    if model.device == "cpu" or not SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
+        return None
+    return None if envs.serve_hybrid_on_gpu() else HYBRID_GPU_OPT_IN_REASON
+
+
 def _kv_cache_dtype(model: HostedModel) -> str | None:
     if model.kv_cache_dtype in ("auto", *_KV_CACHE_DTYPE_NAMES.get(model.dtype, ())):
         return None
@@ -143,7 +163,8 @@ def _rope(model: HostedModel) -> str | None:
 
 # The architecture comes first: the others read config keys only the supported families have.
 _CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
-    _architecture, _task, _quantization, _lora, _pipeline_parallel, _kv_cache_dtype, _dtype, _rope,
+    _architecture, _task, _quantization, _lora, _pipeline_parallel, _speculative, _hybrid_on_gpu,
+    _kv_cache_dtype, _dtype, _rope,
 )
 
 

@@ -11,6 +11,16 @@ backends are (atom_core.layers.attention).
 
 Standalone (tests, HF parity): :class:`StandaloneGatedDeltaCore` runs each sequence of the batch
 given by :func:`atom_core.layers.attention.standalone_batch` whole, from zero state, and keeps none.
+
+A host that keeps the states in a cache of slots (one row per sequence: the conv state and the
+recurrent state of :func:`gated_delta_state_shapes`) describes each batch as a
+:class:`CachedStateBatch` and runs :func:`forward_with_state_cache`: decodes step the recurrent
+kernels, prefill/extend chunks run the chunked rule from the state their slot holds, and both write
+their final states back to their slots.
+
+Under torch.compile a layer reaches its core through the custom op ``torch.ops.atom.gated_delta_core``
+(:func:`run_core`), which finds the core by name: ATOM's compile backend splits the graph there, as at
+attention, so the core reads the host's state and per-step metadata eagerly.
 """
 
 from __future__ import annotations
@@ -48,6 +58,19 @@ class GatedDeltaCoreSpec:
                 v.unflatten(-1, (self.num_v_heads, self.head_v_dim)))
 
 
+    def state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        return gated_delta_state_shapes(self.num_k_heads, self.num_v_heads, self.head_k_dim,
+                                        self.head_v_dim, self.conv.kernel_size)
+
+
+def gated_delta_state_shapes(num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                             conv_kernel_size: int) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """One sequence's conv state [conv channels, kernel_size - 1] and recurrent state [HV, K, V],
+    for a rank's head counts."""
+    conv_channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    return (conv_channels, conv_kernel_size - 1), (num_v_heads, head_k_dim, head_v_dim)
+
+
 GatedDeltaCoreFactory = Callable[[GatedDeltaCoreSpec], nn.Module]
 """Builds a layer's core: ``module(mixed_qkv, g, beta) -> [T, HV, V]`` (shapes in the module
 docstring)."""
@@ -72,7 +95,56 @@ class StandaloneGatedDeltaCore(nn.Module):
         return atom_kernels.gated_delta_rule(q, k, v, g, beta, cu_seqlens, state, fresh)
 
 
+@dataclass(frozen=True)
+class CachedStateBatch:
+    """One batch over a cache of state slots. Tokens come decodes first: ``num_decodes`` sequences
+    of one token each, then the prefill/extend chunks of the others (``num_prefill_tokens`` tokens,
+    ``prefill_cu_seqlens`` [P + 1] counted from the first of them). ``*_slots`` are the cache rows
+    of the sequences; ``prefill_has_initial_state`` [P] marks chunks that continue a sequence (the
+    others start from zero state); the prefill fields may be None without prefill tokens. Tokens
+    past both (a host's padding) are left alone."""
+
+    num_decodes: int
+    decode_slots: torch.Tensor
+    num_prefill_tokens: int
+    prefill_cu_seqlens: torch.Tensor | None
+    prefill_slots: torch.Tensor | None
+    prefill_has_initial_state: torch.Tensor | None
+
+
+def forward_with_state_cache(spec: GatedDeltaCoreSpec, mixed_qkv: torch.Tensor, g: torch.Tensor,
+                             beta: torch.Tensor, conv_cache: torch.Tensor, state_cache: torch.Tensor,
+                             batch: CachedStateBatch) -> torch.Tensor:
+    """The core over ``batch``, reading and writing the states in ``conv_cache`` [slots, *conv
+    state] and ``state_cache`` [slots, *recurrent state] (:meth:`GatedDeltaCoreSpec.state_shapes`;
+    any float dtype: the rule runs on an fp32 copy). Returns [T, HV, V] (zeros past the batch)."""
+    out = mixed_qkv.new_zeros(mixed_qkv.shape[0], spec.num_v_heads, spec.head_v_dim)
+    weight = spec.conv.weight[:, 0]
+    if batch.num_decodes:
+        tokens, slots = slice(0, batch.num_decodes), batch.decode_slots
+        conv_state = conv_cache[slots]
+        x = atom_kernels.causal_conv1d_decode(mixed_qkv[tokens], weight, None, conv_state,
+                                              spec.conv.activation)
+        conv_cache[slots] = conv_state
+        state = state_cache[slots].float()
+        out[tokens] = atom_kernels.gated_delta_rule_decode(*spec.split_heads(x), g[tokens],
+                                                           beta[tokens], state)
+        state_cache[slots] = state.to(state_cache.dtype)
+    if batch.num_prefill_tokens:
+        tokens = slice(batch.num_decodes, batch.num_decodes + batch.num_prefill_tokens)
+        slots, initial = batch.prefill_slots, batch.prefill_has_initial_state
+        conv_state = conv_cache[slots]
+        x = spec.conv.prefill(mixed_qkv[tokens], batch.prefill_cu_seqlens, conv_state, initial)
+        conv_cache[slots] = conv_state
+        state = state_cache[slots].float()
+        out[tokens] = atom_kernels.gated_delta_rule(*spec.split_heads(x), g[tokens], beta[tokens],
+                                                    batch.prefill_cu_seqlens, state, initial)
+        state_cache[slots] = state.to(state_cache.dtype)
+    return out
+
+
 _factory: GatedDeltaCoreFactory = StandaloneGatedDeltaCore
+_cores_by_name: dict[str, nn.Module] = {}
 
 
 def set_gated_delta_core_factory(factory: GatedDeltaCoreFactory) -> None:
@@ -81,5 +153,33 @@ def set_gated_delta_core_factory(factory: GatedDeltaCoreFactory) -> None:
 
 
 def build_gated_delta_core(spec: GatedDeltaCoreSpec) -> nn.Module:
-    """The core of one layer, from the factory set now (the standalone one unless a host set its)."""
-    return _factory(spec)
+    """The core of one layer, from the factory set now (the standalone one unless a host set its).
+    The latest model built in this process owns the name (tests build several models)."""
+    core = _factory(spec)
+    _cores_by_name[spec.prefix] = core
+    return core
+
+
+@torch.library.custom_op("atom::gated_delta_core", mutates_args=["output"])
+def gated_delta_core(mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, output: torch.Tensor,
+                     layer_name: str) -> None:
+    output.copy_(_cores_by_name[layer_name](mixed_qkv, g, beta))
+
+
+@gated_delta_core.register_fake
+def _gated_delta_core_fake(mixed_qkv, g, beta, output, layer_name) -> None:
+    return None
+
+
+# The compile backend splits graphs at ops carrying this flag (atom_core.compile.split).
+torch.ops.atom.gated_delta_core.atom_splitting_op = True
+
+
+def run_core(spec: GatedDeltaCoreSpec, core: nn.Module, mixed_qkv: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor) -> torch.Tensor:
+    """``core(mixed_qkv, g, beta)``; under torch.compile through ``atom::gated_delta_core``."""
+    if not torch.compiler.is_compiling():
+        return core(mixed_qkv, g, beta)
+    output = mixed_qkv.new_empty(mixed_qkv.shape[0], spec.num_v_heads, spec.head_v_dim)
+    torch.ops.atom.gated_delta_core(mixed_qkv, g, beta, output, spec.prefix)
+    return output

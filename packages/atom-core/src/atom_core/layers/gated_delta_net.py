@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from atom_core.distributed import divide, get_tp_group
-from atom_core.layers.gated_delta_core import GatedDeltaCoreSpec, build_gated_delta_core
+from atom_core.layers.gated_delta_core import GatedDeltaCoreSpec, build_gated_delta_core, run_core
 from atom_core.layers.linear import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -71,10 +71,11 @@ class GatedDeltaNet(nn.Module):
                                   dtype=torch.float32)
         self.norm = GatedRMSNorm(spec.head_v_dim, spec.rms_norm_eps)
         self.out_proj = RowParallelLinear(value_dim, spec.hidden_size, prefix=f"{prefix}.out_proj")
-        self.core = build_gated_delta_core(GatedDeltaCoreSpec(
+        self.core_spec = GatedDeltaCoreSpec(
             self.num_k_heads, self.num_v_heads, spec.head_k_dim, spec.head_v_dim, self.conv1d,
             f"{prefix}.core", layer_id,
-        ))
+        )
+        self.core = build_gated_delta_core(self.core_spec)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """``positions`` is unused: the layer has no position encoding but the sequence order."""
@@ -87,6 +88,6 @@ class GatedDeltaNet(nn.Module):
             [self.v_per_k, self.v_per_k], dim=-1)
         beta = b.reshape(num_tokens, self.num_v_heads).sigmoid()
         g = -self.A_log.exp() * F.softplus(a.reshape(num_tokens, self.num_v_heads).float() + self.dt_bias)
-        core_out = self.core(mixed_qkv, g, beta)
+        core_out = run_core(self.core_spec, self.core, mixed_qkv, g, beta)
         out = self.norm(core_out, z.reshape(num_tokens, self.num_v_heads, self.head_v_dim))
         return self.out_proj(out.flatten(1))

@@ -11,9 +11,9 @@ self-attention over Qwen3-MoE's experts.
 Hub checkpoints carry a multi-token-prediction block (``mtp.*``); ATOM serves the base model and
 skips it, as HF transformers does.
 
-Not in :data:`atom_core.models.SUPPORTED_ARCHITECTURES` yet: the hosts cannot serve it until their
-glue gives the Gated DeltaNet layers a recurrent-state cache
-(:mod:`atom_core.layers.gated_delta_core`); standalone, build the class directly.
+Its Gated DeltaNet layers keep a recurrent state per sequence, which the host caches
+(:mod:`atom_core.layers.gated_delta_core`; :meth:`Qwen3NextForCausalLM.recurrent_state_shapes` sizes
+it): vLLM's glue keeps it in vLLM's state cache; SGLang's glue has none yet and hands the model back.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from atom_core.config import Config
+from atom_core.distributed import divide
+from atom_core.hosting.hf_config import complete_hf_config
+from atom_core.layers.gated_delta_core import gated_delta_state_shapes
 from atom_core.layers.gated_delta_net import GatedDeltaNet, GatedDeltaNetSpec
 from atom_core.layers.moe import MoeSpec
 from atom_core.loader import ExpertWeightNames, WeightMap
@@ -67,6 +70,17 @@ class Qwen3NextForCausalLM(CausalLM):
                            shared_gate=True)
         self.sparse_layers = qwen3_moe_sparse_layers(hf)
         super().__init__(config, prefix)
+
+    @classmethod
+    def recurrent_state_shapes(cls, hf_config, tp_size: int) -> tuple[tuple[int, ...], ...]:
+        """The per-sequence states of each Gated DeltaNet layer on one of ``tp_size`` ranks, as
+        its core keeps them (atom_core.layers.gated_delta_core): for a host sizing its state cache
+        before the model is built."""
+        hf = complete_hf_config(hf_config, cls.hf_defaults)
+        return gated_delta_state_shapes(
+            divide(hf.linear_num_key_heads, tp_size), divide(hf.linear_num_value_heads, tp_size),
+            hf.linear_key_head_dim, hf.linear_value_head_dim, hf.linear_conv_kernel_dim,
+        )
 
     def make_layer(self, layer_id: int, prefix: str) -> DecoderLayer:
         mlp = self.sparse_or_dense_mlp(layer_id, prefix)

@@ -1,5 +1,6 @@
-"""Architectures ATOM implements: HF architecture name -> ATOM model class, whether it is MoE, and
-whether it serves MXFP4 experts."""
+"""Architectures ATOM implements: HF architecture name -> ATOM model class, whether it is MoE,
+whether it serves MXFP4 experts, and whether some of its layers keep a recurrent state per sequence
+(which a host must cache: the class then has ``recurrent_state_shapes(hf_config, tp_size)``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class ModelEntry:
     # MXFP4 checkpoints as published (gpt-oss) quantize GPT-OSS's stacked experts; no other family
     # has them in that layout.
     mxfp4_experts: bool = False
+    recurrent_state: bool = False
 
 
 SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
@@ -27,6 +29,8 @@ SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
     "MixtralForCausalLM": ModelEntry("atom_core.models.mixtral", "MixtralForCausalLM", True),
     "Qwen3ForCausalLM": ModelEntry("atom_core.models.qwen3", "Qwen3ForCausalLM", False),
     "Qwen3MoeForCausalLM": ModelEntry("atom_core.models.qwen3_moe", "Qwen3MoeForCausalLM", True),
+    "Qwen3NextForCausalLM": ModelEntry("atom_core.models.qwen3_next", "Qwen3NextForCausalLM", True,
+                                       recurrent_state=True),
 }
 
 

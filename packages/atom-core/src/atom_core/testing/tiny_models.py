@@ -168,9 +168,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
             truncate=False, original_max_position_embeddings=32,
         ),
     ),
-    # Not served by ATOM yet (atom_core.models.qwen3_next): tests build it directly. Gated DeltaNet
-    # and gated full attention per layer_types; 2 key / 4 value heads of different sizes (16 / 24);
-    # partial rotary (a quarter of the head); a shared expert with its sigmoid gate; layer 2 dense.
+    # Gated DeltaNet and gated full attention per layer_types; 2 key / 4 value heads of different
+    # sizes (16 / 24); partial rotary (a quarter of the head); a shared expert with its sigmoid gate;
+    # layer 2 dense.
     "Qwen3NextForCausalLM": dict(
         model_type="qwen3_next",
         rope_theta=10000.0,
