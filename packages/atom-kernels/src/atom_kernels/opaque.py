@@ -82,6 +82,10 @@ def _fp8_gemm(a, b, a_scale, b_scale, out_dtype=torch.bfloat16, *args, **kwargs)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
+def _router_logits(x, weight, bias=None):
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+
+
 # The ops wrapped, each with its fake impl; the schema comes from the op's stub.
 FAKES: dict[str, Callable] = {
     "rms_norm": _same_as_first,
@@ -93,6 +97,7 @@ FAKES: dict[str, Callable] = {
     "clamped_swiglu": _gated,
     "topk_softmax": _routing,
     "grouped_topk": _routing,
+    "router_logits": _router_logits,
     "fused_moe": _same_as_first,
     "per_tensor_quant_fp8": _per_tensor_quantized,
     "per_token_quant_fp8": _per_token_quantized,

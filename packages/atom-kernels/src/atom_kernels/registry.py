@@ -162,7 +162,10 @@ class Op:
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Any:
         """Run the selected backend (eager)."""
-        self.calls += 1
+        # Not while Dynamo traces an op it inlines (one without a custom op): a Python counter bumped
+        # in traced code is a guard that fails on every call, recompiling each time.
+        if not torch.compiler.is_compiling():
+            self.calls += 1
         device_type = _first_tensor_device_type(args, kwargs)
         fn = self._chosen.get(device_type)
         if fn is None:
