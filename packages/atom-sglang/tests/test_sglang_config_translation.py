@@ -64,7 +64,7 @@ def test_padded_heads_are_refused():
 def test_recurrent_state_models_are_handed_back():
     """Qwen3-Next's Gated DeltaNet state has no cache in SGLang's glue yet: SGLang serves it itself."""
     server_args = SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto",
-                                  is_embedding=False)
+                                  is_embedding=False, device="cpu")
     qwen3_next = SimpleNamespace(hf_config=tiny_hf_config("Qwen3NextForCausalLM"), dtype=torch.bfloat16,
                                  quantization=None)
     assert takeover_decision(server_args, qwen3_next).reasons == (RECURRENT_STATE_REASON,)
