@@ -38,6 +38,12 @@ class StackedWeight:
     shard: Any
 
 
+class Sections(tuple):
+    """The shard id of one checkpoint tensor that fills several consecutive shards of a merged
+    parameter (Qwen3.5's ``in_proj_qkv`` -> shards 0, 1 and 2 of ``in_proj_qkvz``): the parameter's
+    loader splits it, and each shard counts as loaded."""
+
+
 # The tensors of one expert projection: its weight and, in FP8 checkpoints, its scales. Each goes
 # to the stacked FusedMoE parameter of the same suffix (``w13_weight_scale_inv``).
 EXPERT_TENSORS = ("weight", "weight_scale_inv", "weight_scale", "input_scale")
@@ -142,7 +148,7 @@ def load_weights(
                 param.weight_loader(param, tensor, shard)
         except (ValueError, IndexError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint tensor {name!r}: {exc}") from exc
-        filled[param_name].add(shard)
+        filled[param_name].update(shard if isinstance(shard, Sections) else (shard,))
     if fp8_attention_scales:
         logger.info("skipped the checkpoint's %d FP8-attention scales (q_scale / prob_scale): ATOM's "
                     "attention keeps queries and probabilities in 16 bits", fp8_attention_scales)

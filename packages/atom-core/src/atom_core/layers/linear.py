@@ -165,7 +165,7 @@ class LinearBase(nn.Module):
             return
         if param is self.weight and loaded.dtype == FP8_DTYPE and self.scheme is None:
             return  # placed by _dequantize_when_complete
-        unit = 1 if param.dim() == 1 or param is self.weight else self.checkpoint_scheme.weight_block
+        unit = self.rows_per_entry(param)
         if param.dim() == 1:
             loaded = loaded.reshape(-1)  # per-channel scales ship as [N] or [N, 1]
         target = param.data.narrow(0, start // unit, math.ceil(rows / unit))
@@ -173,6 +173,10 @@ class LinearBase(nn.Module):
         if self.shard_dim == 1 and param.dim() == 2:
             source = self._rank_slice(source, 1)
         copy_checked(target, source)
+
+    def rows_per_entry(self, param: nn.Parameter) -> int:
+        """Weight rows one row of ``param`` covers: 1, or a block-FP8 scale's block."""
+        return 1 if param.dim() == 1 or param is self.weight else self.checkpoint_scheme.weight_block
 
     def _dequantize_when_complete(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """Keep the FP8 weight or its scale, whichever comes first; with both, load the dequantized
@@ -220,6 +224,21 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias, prefix,
                          expected_shards=range(len(output_sizes)))
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        """A tuple of shard ids (atom_core.loader.Sections) is one checkpoint tensor holding those
+        shards back to back: each part loads as its own shard. A block-FP8 scale holds one row per
+        block of rows; a per-tensor scale serves every part."""
+        if not isinstance(shard_id, tuple):
+            super().weight_loader(param, loaded, shard_id)
+            return
+        if loaded.numel() == 1:
+            parts = [loaded] * len(shard_id)
+        else:
+            unit = self.rows_per_entry(param)
+            parts = loaded.split([math.ceil(self.output_sizes[s] / unit) for s in shard_id], 0)
+        for shard, part in zip(shard_id, parts):
+            super().weight_loader(param, part, shard)
 
     def row_plan(self, shard_id) -> tuple[int, int, int]:
         if shard_id is None:

@@ -1,5 +1,14 @@
 """Rotary embedding: :class:`RopeSpec` (the typed rope settings a model reads from its HF config
-once), the cos/sin cache built from it, and the module that applies it to q and k."""
+once), the cos/sin cache built from it, and the module that applies it to q and k.
+
+Multimodal rope (M-RoPE: Qwen2-VL, Qwen3-VL, Qwen3.5): a spec with ``mrope_section`` takes positions
+of shape [3, T], one row per axis (temporal, height, width; all three equal for text tokens), and
+rotates each frequency by the position of the axis that owns it. ``mrope_section`` gives the number
+of frequencies per axis: contiguous runs (Qwen2-VL), or with ``mrope_interleaved`` (Qwen3-VL,
+Qwen3.5) frequency ``j`` belongs to height if ``j % 3 == 1`` and ``j < 3 * sections[1]``, to width if
+``j % 3 == 2`` and ``j < 3 * sections[2]``, else to time. Each token's [cos | sin] row is gathered
+from the usual table per frequency, and the rope kernels run on those rows.
+"""
 
 from __future__ import annotations
 
@@ -62,6 +71,8 @@ class RopeSpec:
     attention_factor: float | None = None
     mscale: float | None = None
     mscale_all_dim: float | None = None
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, Any]) -> RopeSpec:
@@ -81,6 +92,8 @@ class RopeSpec:
             attention_factor=params.get("attention_factor"),
             mscale=params.get("mscale"),
             mscale_all_dim=params.get("mscale_all_dim"),
+            mrope_section=tuple(params["mrope_section"]) if params.get("mrope_section") else None,
+            mrope_interleaved=bool(params.get("mrope_interleaved", False)),
         )
 
     @classmethod
@@ -130,20 +143,49 @@ def build_cos_sin_cache(rotary_dim: int, max_position: int,
     return rope_ops.compute_cos_sin_cache(inv_freq, max_position)
 
 
+def mrope_axis_of_columns(rotary_dim: int, sections: tuple[int, ...], interleaved: bool) -> torch.Tensor:
+    """The M-RoPE axis (0 time, 1 height, 2 width) of each column of a [cos | sin] table row."""
+    half = rotary_dim // 2
+    if sum(sections) != half:
+        raise ValueError(f"mrope_section {list(sections)} must sum to half the rotary dim ({half})")
+    if interleaved:
+        j = torch.arange(half)
+        axis = torch.zeros(half, dtype=torch.long)
+        axis[(j % 3 == 1) & (j < 3 * sections[1])] = 1
+        axis[(j % 3 == 2) & (j < 3 * sections[2])] = 2
+    else:
+        axis = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
+    return torch.cat([axis, axis])
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_size: int, rotary_dim: int, max_position: int,
                  rope: RopeSpec | Mapping[str, Any], is_neox: bool = True):
         super().__init__()
+        rope = RopeSpec.of(rope)
         self.head_size = head_size
         self.is_neox = is_neox
         self.register_buffer(
             "cos_sin_cache", build_cos_sin_cache(rotary_dim, max_position, rope), persistent=False
         )
+        axis = (None if rope.mrope_section is None
+                else mrope_axis_of_columns(rotary_dim, rope.mrope_section, rope.mrope_interleaved))
+        self.register_buffer("mrope_axis", axis, persistent=False)
+
+    def table_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions, table) for the rope kernels: as given for [T] positions; for M-RoPE's [3, T],
+        each token's row gathered per column from its axis's position, indexed by token."""
+        if positions.dim() == 1:
+            return positions, self.cos_sin_cache
+        if self.mrope_axis is None:
+            raise ValueError(f"positions of shape {tuple(positions.shape)} need an M-RoPE spec")
+        columns = torch.arange(self.mrope_axis.numel(), device=positions.device)
+        rows = self.cos_sin_cache[positions[self.mrope_axis].T, columns]
+        return torch.arange(positions.shape[-1], device=positions.device), rows
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        return atom_kernels.rotary_embedding(
-            positions, q, k, self.cos_sin_cache, self.head_size, self.is_neox
-        )
+        positions, table = self.table_rows(positions)
+        return atom_kernels.rotary_embedding(positions, q, k, table, self.head_size, self.is_neox)
 
     def forward_with_qk_norm(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm,
@@ -151,9 +193,10 @@ class RotaryEmbedding(nn.Module):
     ):
         """``forward`` of q and k after ``q_norm`` / ``k_norm`` over each head, in one kernel. The
         two norms share ``q_norm.eps`` (the attention block builds both from one eps)."""
+        positions, table = self.table_rows(positions)
         return atom_kernels.qk_norm_rope(
-            positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, self.cos_sin_cache,
-            self.head_size, self.is_neox,
+            positions, q, k, q_norm.weight, k_norm.weight, q_norm.eps, table, self.head_size,
+            self.is_neox,
         )
 
 

@@ -19,6 +19,7 @@ it): vLLM's glue keeps it in vLLM's state cache; SGLang's glue has none yet and 
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import ClassVar
 
 from atom_core.config import Config
 from atom_core.distributed import divide
@@ -46,6 +47,9 @@ class Qwen3NextForCausalLM(CausalLM):
         ignored=(r"mtp\..*",),
     )
 
+    # Qwen3.5's checkpoints ship the Gated DeltaNet projections unfused (atom_core.layers.gated_delta_net).
+    split_gdn_projections: ClassVar[bool] = False
+
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
         self.attention = hf_self_attention_spec(
@@ -61,15 +65,21 @@ class Qwen3NextForCausalLM(CausalLM):
             head_v_dim=hf.linear_value_head_dim,
             conv_kernel_size=hf.linear_conv_kernel_dim,
             rms_norm_eps=hf.rms_norm_eps,
+            split_projections=self.split_gdn_projections,
         )
         self.layer_types = tuple(hf.layer_types)
+        self.read_mlp_specs(hf)
+        super().__init__(config, prefix)
+
+    def read_mlp_specs(self, hf) -> None:
+        """The MLP of each layer (:meth:`CausalLM.sparse_or_dense_mlp`): Qwen3-MoE's experts with a
+        gated shared expert, dense on ``mlp_only_layers``."""
         self.intermediate_size = hf.intermediate_size
         self.moe = MoeSpec(num_experts=hf.num_experts, top_k=hf.num_experts_per_tok,
                            intermediate_size=hf.moe_intermediate_size, renormalize=hf.norm_topk_prob,
                            shared_intermediate_size=hf.shared_expert_intermediate_size,
                            shared_gate=True)
         self.sparse_layers = qwen3_moe_sparse_layers(hf)
-        super().__init__(config, prefix)
 
     @classmethod
     def recurrent_state_shapes(cls, hf_config, tp_size: int) -> tuple[tuple[int, ...], ...]:

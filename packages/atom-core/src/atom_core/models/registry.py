@@ -1,6 +1,7 @@
 """Architectures ATOM implements: HF architecture name -> ATOM model class, whether it is MoE,
-whether it serves MXFP4 experts, and whether some of its layers keep a recurrent state per sequence
-(which a host must cache: the class then has ``recurrent_state_shapes(hf_config, tp_size)``)."""
+whether it serves MXFP4 experts, whether some of its layers keep a recurrent state per sequence
+(which a host must cache: the class then has ``recurrent_state_shapes(hf_config, tp_size)``), and
+whether the architecture is a vision-language model whose language model ATOM serves."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class ModelEntry:
     # has them in that layout.
     mxfp4_experts: bool = False
     recurrent_state: bool = False
+    # The architecture is a vision-language model: ATOM's class is its language model, reading the
+    # text config; the host keeps the vision tower and the multimodal processing.
+    vision_language: bool = False
 
 
 SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
@@ -29,6 +33,8 @@ SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
     "MixtralForCausalLM": ModelEntry("atom_core.models.mixtral", "MixtralForCausalLM", True),
     "Qwen3ForCausalLM": ModelEntry("atom_core.models.qwen3", "Qwen3ForCausalLM", False),
     "Qwen3MoeForCausalLM": ModelEntry("atom_core.models.qwen3_moe", "Qwen3MoeForCausalLM", True),
+    "Qwen3_5ForConditionalGeneration": ModelEntry("atom_core.models.qwen3_5", "Qwen3_5ForCausalLM", False,
+                                                  recurrent_state=True, vision_language=True),
     "Qwen3NextForCausalLM": ModelEntry("atom_core.models.qwen3_next", "Qwen3NextForCausalLM", True,
                                        recurrent_state=True),
 }

@@ -189,6 +189,20 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         norm_topk_prob=True,
         mlp_only_layers=[2],
     ),
+    # Qwen3.5's language model: Qwen3-Next's hybrid with unfused Gated DeltaNet projections, a dense
+    # MLP and interleaved M-RoPE over half the head (8 frequencies: 3 time, 3 height, 2 width).
+    "Qwen3_5ForCausalLM": dict(
+        model_type="qwen3_5_text",
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=24,
+        linear_conv_kernel_dim=4,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
+                             mrope_section=[3, 3, 2], mrope_interleaved=True),
+    ),
 }
 
 
