@@ -16,6 +16,7 @@ pytestmark = pytest.mark.sglang
 PROBE = os.path.join(TESTS_DIR, "plugin_probe.py")
 MARKER = "PLUGIN_PROBE_RESULT "
 ATOM_MODULE = "atom_sglang.model_wrapper"
+TEXT_ARCHITECTURES = [a for a, entry in SUPPORTED_ARCHITECTURES.items() if not entry.vision_language]
 SCENARIOS = {
     "active": {},
     # As if a parent process with ATOM active had handed its model package down.
@@ -48,7 +49,9 @@ def test_active_after_install_and_idempotent(probes):
     assert report["env_package"] == "atom_sglang.models"
     assert report["backend_registered"] and report["choice_count"] == 1
     assert set(report["hooks"].values()) == {1}, report["hooks"]
-    assert report["model_modules"] == {a: ATOM_MODULE for a in SUPPORTED_ARCHITECTURES}
+    assert report["model_modules"] == {a: ATOM_MODULE for a in TEXT_ARCHITECTURES}
+    # SGLang keeps its own vision-language classes, its multimodal processors registered to them.
+    assert report["model_modules"]["Qwen3_5ForConditionalGeneration"] == "sglang.srt.models.qwen3_5"
     assert report["log"].count("INFO atom: SGLang plugin active") == 1
 
 
@@ -78,7 +81,7 @@ def test_user_model_package_keeps_precedence(probes):
     assert report["env_package"] == "user_models"
     modules = report["model_modules"]
     assert modules.pop("Qwen3ForCausalLM") == "user_models.qwen3"
-    assert modules == {a: ATOM_MODULE for a in SUPPORTED_ARCHITECTURES if a != "Qwen3ForCausalLM"}
+    assert modules == {a: ATOM_MODULE for a in TEXT_ARCHITECTURES if a != "Qwen3ForCausalLM"}
 
 
 def test_installed_sglang_is_the_pinned_one():

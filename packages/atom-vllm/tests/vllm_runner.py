@@ -2,8 +2,9 @@
 
 Separate processes because vLLM reads plugins and ATOM_* switches once per process. Used by the
 parity tests: ``python vllm_runner.py '<json spec>'`` where the spec has ``model``, ``phases`` (lists
-of token-id prompts; each phase is one ``generate`` call, so later phases can hit the prefix cache
-filled by earlier ones), ``max_tokens`` and optional ``llm_kwargs``; ``prompt_embeds: true`` sends
+of prompts, each a list of token ids or ``{"text": ..., "image": <image file>}``; each phase is one
+``generate`` call, so later phases can hit the prefix cache filled by earlier ones), ``max_tokens``
+and optional ``llm_kwargs``; ``prompt_embeds: true`` sends
 each prompt as the rows of the checkpoint's embedding table for its ids, ``prompt_logprobs: true``
 returns the log-probability of every prompt token after the first.
 """
@@ -20,8 +21,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 RESULT_MARKER = "VLLM_RUNNER_RESULT "
 
 
-def token_prompt(ids: list[int]) -> dict:
-    return {"prompt_token_ids": ids}
+def token_prompt(prompt: list[int] | dict) -> dict:
+    if isinstance(prompt, list):
+        return {"prompt_token_ids": prompt}
+    from PIL import Image
+
+    return {"prompt": prompt["text"], "multi_modal_data": {"image": Image.open(prompt["image"]).convert("RGB")}}
 
 
 def embedded_prompt(model_dir: str):

@@ -69,9 +69,15 @@ CT_KV_SCALES_REASON = "compressed-tensors KV-cache scales are not read by SGLang
 RECURRENT_STATE_REASON = "SGLang's glue keeps no recurrent state of linear-attention layers yet"
 
 
+# SGLang's vision-language models keep their own language model (atom_sglang.models.causal_lm).
+VISION_LANGUAGE_REASON = "SGLang's glue serves no language model of a vision-language model yet"
+
+
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
+    if decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].vision_language:
+        return dataclasses.replace(decision, reasons=(VISION_LANGUAGE_REASON,))
     if decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
         return dataclasses.replace(decision, reasons=(RECURRENT_STATE_REASON,))
     checkpoint = quant_config_from_hf(model.hf_config) if decision.atom_serves else None

@@ -3,7 +3,9 @@
 | ATOM Config field        | from vLLM                                         |
 |--------------------------|---------------------------------------------------|
 | model                    | model_config.model                                |
-| hf_config, torch_dtype   | model_config.hf_config, model_config.dtype        |
+| hf_config, torch_dtype   | model_config.hf_text_config, model_config.dtype   |
+|                          | (the language model's: vLLM's hf_config itself    |
+|                          | for text models, its text_config for VLMs)        |
 | max_model_len            | model_config.max_model_len                        |
 | compilation level        | compilation_config.mode (0-3, same numbering), or |
 |                          | additional_config["atom_compilation_level"]       |
@@ -24,7 +26,7 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
     return HostedModel(
         host="vLLM",
         architecture=architectures[0],
-        hf_config=model_config.hf_config,
+        hf_config=model_config.hf_text_config,
         dtype=model_config.dtype,
         quantization=model_config.quantization,
         lora=vllm_config.lora_config is not None,
@@ -49,7 +51,7 @@ def atom_config_from_vllm(vllm_config: Any) -> Config:
     level = additional.get("atom_compilation_level", vllm_config.compilation_config.mode or 0)
     return Config(
         model=model_config.model,
-        hf_config=model_config.hf_config,
+        hf_config=model_config.hf_text_config,
         torch_dtype=model_config.dtype,
         max_model_len=model_config.max_model_len,
         compilation_config=CompilationConfig(level=CompilationLevel(int(level))),

@@ -83,11 +83,12 @@ class ATOMMoEForCausalLM(ATOMModelBase):
     pass
 
 
-class ATOMHybridForCausalLM(ATOMModelBase):
+class RecurrentStateSizing:
     """vLLM's hybrid-model class methods (its ``IsHybrid`` interface, which the registry entry reports
-    from vLLM's own class). vLLM calls them on the registered class, before any model is built, to
-    size the state cache: ATOM's state layout where ATOM serves, vLLM's own class's where it hands the
-    model back. The copy functions vLLM asks of the built model, so a handed-back model gives its own."""
+    from vLLM's own class), for ATOM's classes of models with recurrent-state layers. vLLM calls them
+    on the registered class, before any model is built, to size the state cache: ATOM's state layout
+    where ATOM serves, vLLM's own class's where it hands the model back. The copy functions vLLM asks
+    of the built model, so a handed-back model gives its own."""
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config) -> tuple[tuple[int, ...], ...]:
@@ -113,3 +114,7 @@ class ATOMHybridForCausalLM(ATOMModelBase):
         from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
 
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+
+
+class ATOMHybridForCausalLM(RecurrentStateSizing, ATOMModelBase):
+    pass

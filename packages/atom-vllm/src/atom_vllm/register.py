@@ -12,6 +12,7 @@ PLATFORM_QUALNAME = "atom_vllm.platform.ATOMPlatform"
 DENSE_WRAPPER = "atom_vllm.model_wrapper:ATOMForCausalLM"
 MOE_WRAPPER = "atom_vllm.model_wrapper:ATOMMoEForCausalLM"
 HYBRID_WRAPPER = "atom_vllm.model_wrapper:ATOMHybridForCausalLM"
+VISION_LANGUAGE_MODULE = "atom_vllm.vision_language"
 MHA_BACKEND = "atom_vllm.attention.mha.ATOMAttentionBackend"
 MLA_BACKEND = "atom_vllm.attention.mla.ATOMMLABackend"
 
@@ -31,8 +32,10 @@ def register_platform() -> str | None:
     return PLATFORM_QUALNAME
 
 
-def wrapper_for(entry) -> str:
+def wrapper_for(architecture: str, entry) -> str:
     """ATOM's vLLM model class for an atom_core.models registry entry."""
+    if entry.vision_language:
+        return f"{VISION_LANGUAGE_MODULE}:ATOM{architecture}"
     if entry.recurrent_state:
         return HYBRID_WRAPPER
     return MOE_WRAPPER if entry.is_moe else DENSE_WRAPPER
@@ -51,7 +54,7 @@ def register_model() -> None:
     from atom_vllm.registry_entry import register_atom_model
 
     for architecture, entry in SUPPORTED_ARCHITECTURES.items():
-        wrapper = wrapper_for(entry)
+        wrapper = wrapper_for(architecture, entry)
         register_atom_model(ModelRegistry, architecture, wrapper)
         logger.info("Register model %s to vLLM with %s", architecture, wrapper)
     # ATOM's backend names itself CUSTOM (vLLM's slot for out-of-tree attention backends).

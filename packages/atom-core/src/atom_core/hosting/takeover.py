@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | a scheme atom_core.quantization does not serve; online FP8; MXFP4 (opt-in); MLA KV scales |
+| quantization | a scheme atom_core.quantization does not serve; online FP8; MXFP4 (opt-in); MLA KV scales; any of a vision-language model |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
@@ -59,7 +59,7 @@ class HostedModel:
 
     host: str  # "vLLM" or "SGLang", for the log line
     architecture: str
-    hf_config: Any
+    hf_config: Any  # the language model's (a vision-language model's text_config)
     dtype: torch.dtype
     quantization: str | None = None  # the method the host resolved: checkpoint or requested
     lora: bool = False
@@ -88,7 +88,14 @@ MXFP4_OPT_IN_REASON = ("MXFP4 experts are left to the host until ATOM's MXFP4 Mo
                        "(ATOM_SERVE_MXFP4=1 serves them with ATOM)")
 
 
+# A vision-language checkpoint's quantization_config sits beside its text_config, and may cover the
+# vision tower; ATOM reads the language model's config alone so far.
+VISION_LANGUAGE_QUANTIZATION_REASON = "quantized vision-language checkpoints are not supported yet"
+
+
 def _quantization(model: HostedModel) -> str | None:
+    if model.quantization is not None and SUPPORTED_ARCHITECTURES[model.architecture].vision_language:
+        return VISION_LANGUAGE_QUANTIZATION_REASON
     try:
         checkpoint = quant_config_from_hf(model.hf_config)
     except UnsupportedQuantization as exc:

@@ -1,0 +1,116 @@
+"""Tiny random vision-language checkpoints built in code, as published: the HF composite config
+(``text_config`` + ``vision_config``), HF's own model class written with ``save_pretrained`` (hub
+tensor names: ``model.language_model.*``, ``model.visual.*``, ``lm_head``), a trained tokenizer with
+the model's vision tokens, and the HF processor (image and video processors, chat template).
+
+The language model is the text family's tiny config (atom_core.testing.tiny_models); the vision
+tower is small (8-pixel patches merged 2 x 2, so a 32 x 48 image is 6 tokens), so that the host's
+vision tower and processor run in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from atom_core.testing.tiny_models import VOCAB_SIZE, build_tokenizer, tiny_hf_config
+
+
+@dataclass(frozen=True)
+class TinyVisionLanguage:
+    text_architecture: str  # the key of the language model's tiny config
+    model_type: str
+    vision_config: dict[str, Any]
+    vision_tokens: tuple[str, ...]  # appended to the text vocabulary, in this order
+    token_id_keys: tuple[str, ...]  # the config keys holding their ids, in the same order
+
+
+# Ids of the vision tokens: right after the trained vocabulary.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+PATCH, MERGE = 8, 2
+
+TINY_VISION_LANGUAGE: dict[str, TinyVisionLanguage] = {
+    "Qwen3_5ForConditionalGeneration": TinyVisionLanguage(
+        text_architecture="Qwen3_5ForCausalLM",
+        model_type="qwen3_5",
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=PATCH,
+                           spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=80,
+                           num_position_embeddings=64),
+        vision_tokens=VISION_TOKENS,
+        token_id_keys=("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
+    ),
+}
+
+# The processor's pixel budget: images resize to between 2 x 2 and 8 x 8 merged tokens.
+MIN_PIXELS, MAX_PIXELS = (2 * PATCH * MERGE) ** 2, (8 * PATCH * MERGE) ** 2
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def tiny_vision_language_config(architecture: str):
+    from transformers import AutoConfig
+
+    spec = TINY_VISION_LANGUAGE[architecture]
+    text = tiny_hf_config(spec.text_architecture, vocab_size=VOCAB_SIZE + len(spec.vision_tokens))
+    ids = {key: VOCAB_SIZE + i for i, key in enumerate(spec.token_id_keys)}
+    text_dict = text.to_dict()
+    text_dict.pop("architectures", None)
+    config = AutoConfig.for_model(spec.model_type, text_config=text_dict, vision_config=spec.vision_config,
+                                  tie_word_embeddings=False, **ids)
+    config.architectures = [architecture]
+    return config
+
+
+def build_tiny_vision_language_model(architecture: str, out_dir: str, seed: int = 0, std: float = 0.1,
+                                     random_norms: bool = False) -> str:
+    """Write a tiny random ``architecture`` checkpoint with its tokenizer and processor to
+    ``out_dir`` (fp32) and return the path; ``random_norms`` as in build_tiny_model."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    spec = TINY_VISION_LANGUAGE[architecture]
+    config = tiny_vision_language_config(architecture)
+    config.text_config.initializer_range = std
+    config.vision_config.initializer_range = std
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("bias"):
+                tensor.normal_(0.0, std)
+            elif random_norms and name.endswith("norm.weight") and "language_model" in name:
+                tensor.add_(torch.randn_like(tensor) * std)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    build_tokenizer(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(spec.vision_tokens)})
+    tokenizer.save_pretrained(out_dir)
+    write_processor_configs(out_dir)
+    processor = AutoProcessor.from_pretrained(out_dir)
+    processor.chat_template = CHAT_TEMPLATE
+    processor.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"do_sample": False, "bos_token_id": 1, "eos_token_id": None}, f)
+    return out_dir
+
+
+def write_processor_configs(out_dir: str) -> None:
+    """The image and video processors' configs at the tiny tower's patch and merge sizes."""
+    common = {"patch_size": PATCH, "merge_size": MERGE, "temporal_patch_size": 2,
+              "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
+        json.dump({"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
+                   **common}, f)
+    with open(os.path.join(out_dir, "video_preprocessor_config.json"), "w") as f:
+        json.dump({"video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor",
+                   **common}, f)

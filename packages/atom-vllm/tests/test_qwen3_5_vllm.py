@@ -1,0 +1,101 @@
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``) through the real vLLM engine: vLLM's vision tower,
+processor and M-RoPE positions, ATOM's language model (atom_vllm.vision_language), its Gated
+DeltaNet states in vLLM's state cache. Greedy tokens equal HF transformers' own vision-language
+model's (fp32, tiny random checkpoint with a trained tokenizer and HF's processor), for text-only
+prompts with chunked prefill and for image + text prompts.
+
+vLLM alone serves Qwen3.5 on CPU only in bfloat16 with heads of a multiple of 32 (its CPU Gated
+DeltaNet kernels: see test_qwen3_next_vllm), so HF is the reference here.
+"""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_vllm_parity import make_prompts, tokens_of
+from vllm_testing import hf_greedy, run_vllm
+
+pytestmark = pytest.mark.vllm
+
+ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
+MAX_TOKENS = 10
+CHUNKED = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
+# vLLM 0.26's multimodal processor cache runs the HF processor on prompt text alone, which transformers
+# 5.23 refuses ("Found 1 <|image_pad|> tokens in the text but no images were passed"), with or
+# without ATOM: the tests run without that cache.
+IMAGES_ONLY = {"limit_mm_per_prompt": {"image": 1, "video": 0}, "mm_processor_cache_gb": 0}
+# (height, width) of the test images: 4 x 6 and 2 x 2 merged tokens of the tiny tower.
+IMAGE_SIZES = [(64, 96), (32, 32)]
+QUESTIONS = ["The quick brown fox", "Paged attention stores keys"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir) -> str:
+    return tiny_model_dir(ARCHITECTURE, random_norms=True)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> list[str]:
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (height, width) in enumerate(IMAGE_SIZES):
+        path = tmp_path_factory.mktemp("images") / f"image{i}.png"
+        Image.fromarray((rng.random((height, width, 3)) * 255).astype("uint8")).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def image_prompts(model: str, images: list[str]) -> list[dict]:
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model)
+    return [{"text": processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+                add_generation_prompt=True),
+             "image": image}
+            for question, image in zip(QUESTIONS, images)]
+
+
+def hf_image_greedy(model: str, prompts: list[dict], max_tokens: int) -> list[list[int]]:
+    """HF's Qwen3_5ForConditionalGeneration, its processor expanding each image's placeholder."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model)
+    hf = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
+    outputs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
+                               return_tensors="pt")
+            out = hf.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+            outputs.append(out[0, inputs["input_ids"].shape[1]:].tolist())
+    return outputs
+
+
+def assert_atom_serves_the_language_model(result) -> None:
+    served = result["served_by"]
+    assert served["model_class"] == "atom_vllm.vision_language.ATOMQwen3_5ForConditionalGeneration"
+    assert served["inner_class"] == "atom_core.models.qwen3_5.Qwen3_5ForCausalLM"
+    assert "ATOM hands" not in result["log"]
+
+
+def test_text_prompts_with_chunked_prefill_match_hf(model):
+    """Four text-only requests at once in 16-token steps (M-RoPE positions with three equal axes)."""
+    phase1, _ = make_prompts()
+    result = run_vllm(model, [phase1], MAX_TOKENS, llm_kwargs={**CHUNKED, **IMAGES_ONLY})
+    assert_atom_serves_the_language_model(result)
+    assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)
+
+
+def test_image_prompts_match_hf(model, images):
+    """Two image + text requests: vLLM's processor and vision tower give the image embeddings and
+    the M-RoPE positions (the image's tokens walk its rows and columns), ATOM's model the tokens."""
+    prompts = image_prompts(model, images)
+    result = run_vllm(model, [prompts], MAX_TOKENS, llm_kwargs=IMAGES_ONLY)
+    assert_atom_serves_the_language_model(result)
+    expected = hf_image_greedy(model, prompts, MAX_TOKENS)
+    assert tokens_of(result) == expected
+    # The image matters: the same text with another image continues differently.
+    swapped = hf_image_greedy(model, [{**prompts[0], "image": images[1]}], MAX_TOKENS)
+    assert swapped[0] != expected[0]
