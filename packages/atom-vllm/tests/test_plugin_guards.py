@@ -63,11 +63,16 @@ def test_register_model_is_idempotent_and_overrides_supported_architectures(monk
 
     register.register_model()
     register.register_model()
+    from atom_vllm import vision_language
+
     for architecture, entry in SUPPORTED_ARCHITECTURES.items():
         registered = ModelRegistry.models[architecture]
-        wrapper = ("ATOMHybridForCausalLM" if entry.recurrent_state
-                   else "ATOMMoEForCausalLM" if entry.is_moe else "ATOMForCausalLM")
-        assert registered.load_model_cls() is getattr(model_wrapper, wrapper)
+        if entry.vision_language:
+            wrapper = getattr(vision_language, f"ATOM{architecture}")
+        else:
+            wrapper = getattr(model_wrapper, "ATOMHybridForCausalLM" if entry.recurrent_state
+                              else "ATOMMoEForCausalLM" if entry.is_moe else "ATOMForCausalLM")
+        assert registered.load_model_cls() is wrapper
         # vLLM's own entry stays underneath: it serves what ATOM hands back.
         assert registered.host_entry.module_name.startswith("vllm.model_executor.models.")
         assert registered.inspect_model_cls() == registered.host_entry.inspect_model_cls()

@@ -27,6 +27,7 @@ from vllm_testing import (
     tokens_of,
 )
 
+from atom_core.hosting.takeover import VISION_LANGUAGE_QUANTIZATION_REASON
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
 from atom_core.testing.tiny_models import VOCAB_SIZE
@@ -162,7 +163,8 @@ GRID = {
 }
 
 
-@pytest.mark.parametrize("architecture", sorted(SUPPORTED_ARCHITECTURES))
+@pytest.mark.parametrize("architecture", sorted(a for a, entry in SUPPORTED_ARCHITECTURES.items()
+                                                 if not entry.vision_language))
 def test_decision_for_each_family_from_vllm_config(architecture, tiny_model_dir, tmp_path):
     """What the glue reads from vLLM's own config for every family: the checkpoint's quantization,
     the requested one, LoRA (no engine start: the cells above run the engine)."""
@@ -171,3 +173,13 @@ def test_decision_for_each_family_from_vllm_config(architecture, tiny_model_dir,
         model = source if write is None else write(source, str(tmp_path / column))
         decision = takeover_decision(EngineArgs(model=model, max_model_len=256, **settings).create_engine_config())
         assert decision.reasons == (() if reason is None else (reason,)), column
+
+
+def test_vision_language_decision_reads_the_text_config(tiny_model_dir):
+    """A vision-language model: ATOM decides on its language model's config (vLLM's hf_text_config)
+    and hands back any quantization, whose config may cover the vision tower too."""
+    model = tiny_model_dir("Qwen3_5ForConditionalGeneration")
+    served = takeover_decision(EngineArgs(model=model, max_model_len=256, **BF16).create_engine_config())
+    assert served.atom_serves
+    quantized = EngineArgs(model=model, max_model_len=256, quantization="fp8", **BF16).create_engine_config()
+    assert takeover_decision(quantized).reasons == (VISION_LANGUAGE_QUANTIZATION_REASON,)

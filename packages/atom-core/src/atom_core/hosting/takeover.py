@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | a scheme atom_core.quantization does not serve; online FP8; MXFP4 (opt-in); MLA KV scales; any of a vision-language model |
+| quantization | a scheme ATOM does not serve; online FP8; MXFP4 (opt-in); MLA KV scales; any, in a VLM |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
