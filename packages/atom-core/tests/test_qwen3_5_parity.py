@@ -1,7 +1,7 @@
-"""Qwen3.5's language model: ATOM's model (atom_core.models.qwen3_5) built directly, against HF
-transformers' ``Qwen3_5ForCausalLM`` on a tiny random checkpoint (fp32): text positions, M-RoPE
-positions as a host computes them for image tokens, and TP=2. Served through vLLM inside vLLM's
-vision-language model: atom-vllm's test_qwen3_5_vllm.
+"""Qwen3.5's language models (dense and MoE): ATOM's models (atom_core.models.qwen3_5) built
+directly, against HF transformers' ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` on tiny random
+checkpoints (fp32): text positions, M-RoPE positions as a host computes them for image tokens, and
+TP=2. Served through vLLM inside vLLM's vision-language models: atom-vllm's test_qwen3_5_vllm.
 """
 
 import pytest
@@ -18,19 +18,23 @@ from atom_core import Config  # noqa: E402
 from atom_core.hosting.hf_config import complete_hf_config  # noqa: E402
 from atom_core.layers.attention import standalone_batch  # noqa: E402
 from atom_core.loader import iter_safetensors  # noqa: E402
-from atom_core.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
+from atom_core.models import get_model_class  # noqa: E402
 
-ARCHITECTURE = "Qwen3_5ForCausalLM"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_model_dir) -> str:
-    return tiny_model_dir(ARCHITECTURE, random_norms=True)
+# HF's text-model class -> the VLM architecture whose language model ATOM's class is.
+LANGUAGE_MODELS = {"Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
+                   "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForConditionalGeneration"}
 
 
-def atom_qwen3_5(model_dir: str) -> Qwen3_5ForCausalLM:
-    hf_config = complete_hf_config(AutoConfig.from_pretrained(model_dir), Qwen3_5ForCausalLM.hf_defaults)
-    model = Qwen3_5ForCausalLM(Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32))
+@pytest.fixture(scope="module", params=sorted(LANGUAGE_MODELS))
+def model_dir(request, tiny_model_dir) -> str:
+    return tiny_model_dir(request.param, random_norms=True)
+
+
+def atom_qwen3_5(model_dir: str):
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    model_cls = get_model_class(LANGUAGE_MODELS[hf_config.architectures[0]])
+    hf_config = complete_hf_config(hf_config, model_cls.hf_defaults)
+    model = model_cls(Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32))
     model.load_weights(iter_safetensors(model_dir))
     return model.eval()
 
@@ -44,7 +48,8 @@ def test_checkpoint_has_hub_layout(model_dir):
     assert shapes[f"{linear}.in_proj_z.weight"] == (4 * 24, 80)
     assert shapes[f"{linear}.in_proj_b.weight"] == shapes[f"{linear}.in_proj_a.weight"] == (4, 80)
     assert shapes["model.layers.1.self_attn.q_proj.weight"] == (2 * 4 * 32, 80)
-    assert "model.layers.0.mlp.gate_proj.weight" in shapes
+    assert ("model.layers.0.mlp.gate_proj.weight" in shapes
+            or shapes["model.layers.0.mlp.experts.5.gate_proj.weight"] == (48, 80))
 
 
 def test_logits_match_hf(model_dir):
@@ -91,7 +96,7 @@ def test_mrope_positions_match_hf(model_dir):
 
 
 def test_tp2_matches_single_rank(model_dir, tmp_path):
-    """Two gloo ranks, each with half of every q, k, v, z, b and a section, and two of the four
-    attention heads."""
+    """Two gloo ranks, each with half of every q, k, v, z, b and a section, two of the four
+    attention heads, and half of each expert's (and the shared expert's) channels."""
     ranks = run_tp(2, [model_dir], tmp_path, atom_qwen3_5)
     assert_tp_matches_single_rank(2, ranks, model_dir, atom_qwen3_5)

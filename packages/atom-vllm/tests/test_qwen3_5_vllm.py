@@ -1,8 +1,8 @@
-"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``) through the real vLLM engine: vLLM's vision tower,
-processor and M-RoPE positions, ATOM's language model (atom_vllm.vision_language), its Gated
-DeltaNet states in vLLM's state cache. Greedy tokens equal HF transformers' own vision-language
-model's (fp32, tiny random checkpoint with a trained tokenizer and HF's processor), for text-only
-prompts with chunked prefill and for image + text prompts.
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration`` and ``Qwen3_5MoeForConditionalGeneration``) through
+the real vLLM engine: vLLM's vision tower, processor and M-RoPE positions, ATOM's language model
+(atom_vllm.vision_language), its Gated DeltaNet states in vLLM's state cache. Greedy tokens equal
+HF transformers' own vision-language model's (fp32, tiny random checkpoint with a trained tokenizer
+and HF's processor), for text-only prompts with chunked prefill and for image + text prompts.
 
 vLLM alone serves Qwen3.5 on CPU only in bfloat16 with heads of a multiple of 32 (its CPU Gated
 DeltaNet kernels: see test_qwen3_next_vllm), so HF is the reference here.
@@ -15,9 +15,10 @@ from PIL import Image
 from test_vllm_parity import make_prompts, tokens_of
 from vllm_testing import hf_greedy, run_vllm
 
+from atom_core.models import SUPPORTED_ARCHITECTURES
+
 pytestmark = pytest.mark.vllm
 
-ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
 MAX_TOKENS = 10
 CHUNKED = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
 # vLLM 0.26's multimodal processor cache runs the HF processor on prompt text alone, which transformers
@@ -29,9 +30,9 @@ IMAGE_SIZES = [(64, 96), (32, 32)]
 QUESTIONS = ["The quick brown fox", "Paged attention stores keys"]
 
 
-@pytest.fixture(scope="module")
-def model(tiny_model_dir) -> str:
-    return tiny_model_dir(ARCHITECTURE, random_norms=True)
+@pytest.fixture(scope="module", params=["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"])
+def model(request, tiny_model_dir) -> str:
+    return tiny_model_dir(request.param, random_norms=True)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +74,14 @@ def hf_image_greedy(model: str, prompts: list[dict], max_tokens: int) -> list[li
     return outputs
 
 
-def assert_atom_serves_the_language_model(result) -> None:
+def assert_atom_serves_the_language_model(result, model: str) -> None:
+    from transformers import AutoConfig
+
+    architecture = AutoConfig.from_pretrained(model).architectures[0]
     served = result["served_by"]
-    assert served["model_class"] == "atom_vllm.vision_language.ATOMQwen3_5ForConditionalGeneration"
-    assert served["inner_class"] == "atom_core.models.qwen3_5.Qwen3_5ForCausalLM"
+    assert served["model_class"] == f"atom_vllm.vision_language.ATOM{architecture}"
+    entry = SUPPORTED_ARCHITECTURES[architecture]
+    assert served["inner_class"] == f"{entry.module}.{entry.class_name}"
     assert "ATOM hands" not in result["log"]
 
 
@@ -84,7 +89,7 @@ def test_text_prompts_with_chunked_prefill_match_hf(model):
     """Four text-only requests at once in 16-token steps (M-RoPE positions with three equal axes)."""
     phase1, _ = make_prompts()
     result = run_vllm(model, [phase1], MAX_TOKENS, llm_kwargs={**CHUNKED, **IMAGES_ONLY})
-    assert_atom_serves_the_language_model(result)
+    assert_atom_serves_the_language_model(result, model)
     assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)
 
 
@@ -93,7 +98,7 @@ def test_image_prompts_match_hf(model, images):
     the M-RoPE positions (the image's tokens walk its rows and columns), ATOM's model the tokens."""
     prompts = image_prompts(model, images)
     result = run_vllm(model, [prompts], MAX_TOKENS, llm_kwargs=IMAGES_ONLY)
-    assert_atom_serves_the_language_model(result)
+    assert_atom_serves_the_language_model(result, model)
     expected = hf_image_greedy(model, prompts, MAX_TOKENS)
     assert tokens_of(result) == expected
     # The image matters: the same text with another image continues differently.

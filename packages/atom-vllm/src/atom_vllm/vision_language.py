@@ -21,7 +21,10 @@ import importlib
 from collections.abc import Iterator
 
 import torch
-from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+from vllm.model_executor.models.qwen3_5 import (
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForConditionalGeneration,
+)
 
 from atom_core.hosting.takeover import new_wrapper_or_host_model
 from atom_vllm.config_translation import takeover_decision
@@ -73,3 +76,13 @@ class VisionLanguageWrapper:
 class ATOMQwen3_5ForConditionalGeneration(VisionLanguageWrapper, RecurrentStateSizing,
                                           Qwen3_5ForConditionalGeneration):
     LANGUAGE_MODEL = ("vllm.model_executor.models.qwen3_5", "Qwen3_5ForCausalLM")
+
+
+class ATOMQwen3_5MoeForConditionalGeneration(VisionLanguageWrapper, RecurrentStateSizing,
+                                             Qwen3_5MoeForConditionalGeneration):
+    LANGUAGE_MODEL = ("vllm.model_executor.models.qwen3_5", "Qwen3_5MoeForCausalLM")
+
+    def set_moe_parameters(self) -> None:
+        """vLLM's constructor collects its expert layers for expert-parallel load balancing; ATOM's
+        experts keep no such state, so the model reports no MoE layers to balance (vLLM's
+        ``is_mixture_of_experts`` is then False, as for ATOM's text MoE wrapper)."""

@@ -35,6 +35,8 @@ SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
     "Qwen3MoeForCausalLM": ModelEntry("atom_core.models.qwen3_moe", "Qwen3MoeForCausalLM", True),
     "Qwen3_5ForConditionalGeneration": ModelEntry("atom_core.models.qwen3_5", "Qwen3_5ForCausalLM", False,
                                                   recurrent_state=True, vision_language=True),
+    "Qwen3_5MoeForConditionalGeneration": ModelEntry("atom_core.models.qwen3_5", "Qwen3_5MoeForCausalLM", True,
+                                                     recurrent_state=True, vision_language=True),
     "Qwen3NextForCausalLM": ModelEntry("atom_core.models.qwen3_next", "Qwen3NextForCausalLM", True,
                                        recurrent_state=True),
 }

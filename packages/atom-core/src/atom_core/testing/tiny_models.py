@@ -204,6 +204,11 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                              mrope_section=[3, 3, 2], mrope_interleaved=True),
     ),
 }
+# Qwen3.5-MoE's: the same with 6 experts (top 2) and a gated shared expert on every layer.
+TINY_CONFIGS["Qwen3_5MoeForCausalLM"] = dict(
+    TINY_CONFIGS["Qwen3_5ForCausalLM"], model_type="qwen3_5_moe_text", num_experts=6, num_experts_per_tok=2,
+    moe_intermediate_size=48, shared_expert_intermediate_size=40,
+)
 
 
 def tiny_hf_config(architecture: str, **overrides: Any):

@@ -33,16 +33,16 @@ class TinyVisionLanguage:
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 PATCH, MERGE = 8, 2
 
+QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=PATCH,
+                   spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=80,
+                   num_position_embeddings=64)
+QWEN_TOKEN_ID_KEYS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
+
 TINY_VISION_LANGUAGE: dict[str, TinyVisionLanguage] = {
     "Qwen3_5ForConditionalGeneration": TinyVisionLanguage(
-        text_architecture="Qwen3_5ForCausalLM",
-        model_type="qwen3_5",
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=PATCH,
-                           spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=80,
-                           num_position_embeddings=64),
-        vision_tokens=VISION_TOKENS,
-        token_id_keys=("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
-    ),
+        "Qwen3_5ForCausalLM", "qwen3_5", QWEN_VISION, VISION_TOKENS, QWEN_TOKEN_ID_KEYS),
+    "Qwen3_5MoeForConditionalGeneration": TinyVisionLanguage(
+        "Qwen3_5MoeForCausalLM", "qwen3_5_moe", QWEN_VISION, VISION_TOKENS, QWEN_TOKEN_ID_KEYS),
 }
 
 # The processor's pixel budget: images resize to between 2 x 2 and 8 x 8 merged tokens.
