@@ -13,6 +13,9 @@ The two architectures differ only in constructor arguments:
 | renormalise | ``norm_topk_prob`` (as DeepSeek's code and vLLM; HF transformers ignores it for V2, and every released V2 sets it False) | ``norm_topk_prob`` |
 | rope pairs | interleaved | interleaved unless ``rope_interleave`` is False |
 
+A V2 config whose ``topk_method`` is ``noaux_tc`` (a V3 config under V2's name) gets V3's router and
+rope, as vLLM's own DeepseekV2ForCausalLM gives it: vLLM builds Kimi-K2.5's language model that way.
+
 Both: ``routed_scaling_factor`` on the routed weights, YaRN rope with DeepSeek's ``mscale`` /
 ``mscale_all_dim`` (cos/sin magnitude and softmax scale), q through a low-rank ``q_a_proj`` /
 ``q_b_proj`` when ``q_lora_rank`` is set and a plain ``q_proj`` otherwise. Hub checkpoints may carry
@@ -89,6 +92,12 @@ class DeepseekV2ForCausalLM(DeepseekCausalLM):
 
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
+        if hf.topk_method == "noaux_tc":
+            # A V3 config under V2's name, as vLLM's DeepseekV2ForCausalLM takes it too: vLLM builds
+            # Kimi-K2.5's language model so (through its registry, so ATOM's class serves it).
+            super().__init__(config, prefix, rope_is_neox=not getattr(hf, "rope_interleave", True),
+                             router=noaux_tc_router(hf))
+            return
         grouped = hf.topk_method == "group_limited_greedy"
         router = dict(
             scoring=getattr(hf, "scoring_func", None) or "softmax",
@@ -96,6 +105,13 @@ class DeepseekV2ForCausalLM(DeepseekCausalLM):
             topk_group=hf.topk_group if grouped else 1,
         )
         super().__init__(config, prefix, rope_is_neox=False, router=router)
+
+
+def noaux_tc_router(hf: Any) -> dict[str, Any]:
+    """DeepSeek-V3's router: sigmoid scores, the best ``topk_group`` of ``n_group`` groups by the sum
+    of their two best scores, all steered by ``e_score_correction_bias``."""
+    return dict(scoring="sigmoid", num_expert_group=hf.n_group, topk_group=hf.topk_group,
+                correction_bias=True)
 
 
 class DeepseekV3ForCausalLM(DeepseekCausalLM):
@@ -107,6 +123,4 @@ class DeepseekV3ForCausalLM(DeepseekCausalLM):
 
     def __init__(self, config: Config, prefix: str = ""):
         hf = config.hf_config
-        router = dict(scoring="sigmoid", num_expert_group=hf.n_group, topk_group=hf.topk_group,
-                      correction_bias=True)
-        super().__init__(config, prefix, rope_is_neox=not hf.rope_interleave, router=router)
+        super().__init__(config, prefix, rope_is_neox=not hf.rope_interleave, router=noaux_tc_router(hf))
