@@ -71,6 +71,11 @@ class ATOMModelBase(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden_states)
 
+    def make_empty_intermediate_tensors(self, *args, **kwargs):
+        """vLLM's pipeline-parallel hook, which its VLM constructors read off their language model
+        (Kimi-K2.5's builds ATOM's through vLLM's registry); ATOM hands pipeline parallelism back."""
+        raise NotImplementedError("ATOM hands pipeline parallelism back to vLLM")
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return {f"model.{name}" for name in self.model.load_weights(weights)}
 

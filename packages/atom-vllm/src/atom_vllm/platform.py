@@ -17,7 +17,7 @@ from atom_core.log import logger
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_vllm import envs
 from atom_vllm.config_translation import takeover_decision
-from atom_vllm.register import MHA_BACKEND, MLA_BACKEND
+from atom_vllm.register import MHA_BACKEND, MLA_BACKEND, REGISTRY_BUILT_LANGUAGE_MODELS
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -137,7 +137,11 @@ class ATOMPlatform(_Base):
             if (scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens) != requested:
                 logger.info("ATOM's MLA backend serves this model: keeping chunked prefill as configured")
                 scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens = requested
-        if decision.architecture and decision.architecture not in SUPPORTED_ARCHITECTURES:
+        language_model = REGISTRY_BUILT_LANGUAGE_MODELS.get(decision.architecture)
+        if language_model is not None:
+            logger.info("vLLM's %s builds its language model as %s, which ATOM serves where it supports "
+                        "the configuration", decision.architecture, language_model)
+        elif decision.architecture and decision.architecture not in SUPPORTED_ARCHITECTURES:
             logger.info(
                 "Architecture %s is not implemented by ATOM; vLLM's own model serves it",
                 decision.architecture,

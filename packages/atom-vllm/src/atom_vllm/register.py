@@ -15,6 +15,10 @@ HYBRID_WRAPPER = "atom_vllm.model_wrapper:ATOMHybridForCausalLM"
 VISION_LANGUAGE_MODULE = "atom_vllm.vision_language"
 MHA_BACKEND = "atom_vllm.attention.mha.ATOMAttentionBackend"
 MLA_BACKEND = "atom_vllm.attention.mla.ATOMMLABackend"
+# vLLM vision-language classes that build their language model through vLLM's model registry (vLLM
+# 0.26's ``init_vllm_registered_model``), under an architecture ATOM registers: ATOM serves that
+# language model with no class of its own for the VLM.
+REGISTRY_BUILT_LANGUAGE_MODELS = {"KimiK25ForConditionalGeneration": "DeepseekV2ForCausalLM"}
 
 _registered_models = False
 

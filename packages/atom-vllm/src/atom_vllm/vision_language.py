@@ -38,9 +38,6 @@ class ATOMLanguageModel(ATOMModelBase):
     def __new__(cls, *, vllm_config, prefix: str = ""):
         return object.__new__(cls)  # the VLM class decided already
 
-    def make_empty_intermediate_tensors(self, *args, **kwargs):
-        raise NotImplementedError("ATOM hands pipeline parallelism back to vLLM")
-
 
 @contextlib.contextmanager
 def language_model_built_by_atom(module_name: str, class_name: str) -> Iterator[None]:

@@ -114,3 +114,43 @@ def write_processor_configs(out_dir: str) -> None:
     with open(os.path.join(out_dir, "video_preprocessor_config.json"), "w") as f:
         json.dump({"video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor",
                    **common}, f)
+
+
+def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str) -> str:
+    """A tiny Kimi-K2.5 checkpoint with its language model only: ``text_dir``'s DeepSeek-V3
+    checkpoint (atom_core.testing.tiny_models) under Kimi-K2.5's published names
+    (``language_model.*``, config ``text_config`` with Kimi-K2's ``topk_method: noaux_tc``), a tiny
+    vision config and the image processor settings vLLM's Kimi-K2.5 processor reads, but no vision
+    tower tensors: it serves text with the tower off (vLLM's ``limit_mm_per_prompt`` of 0 for every
+    modality). HF transformers' DeepSeek-V3 on ``text_dir`` is its reference."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(text_dir, "config.json")) as f:
+        text_config = json.load(f)
+    text_config.pop("architectures")
+    text_config.update(topk_method="noaux_tc", scoring_func="sigmoid")
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+        "text_config": text_config, "media_placeholder_token_id": VOCAB_SIZE - 1, "pad_token_id": 0,
+        "tie_word_embeddings": False,
+        "vision_config": {"patch_size": 14, "num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 32,
+                          "intermediate_size": 48, "init_pos_emb_height": 8, "init_pos_emb_width": 8},
+    }
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
+        json.dump({"image_processor_type": "Kimi_K25ImageProcessor", "media_proc_cfg": {
+            "patch_size": 14, "merge_kernel_size": [2, 2], "temporal_merge_kernel_size": 4,
+            "in_patch_limit": 256, "in_patch_limit_each_frame": 256, "in_patch_limit_video": 256,
+            "patch_limit_on_one_side": 16, "fixed_output_tokens": None,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}}, f)
+    tensors = load_file(os.path.join(text_dir, "model.safetensors"))
+    save_file({f"language_model.{name}": t for name, t in tensors.items()},
+              os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    for name in os.listdir(text_dir):
+        if name.startswith("tokenizer") or name in ("chat_template.jinja", "generation_config.json"):
+            shutil.copy(os.path.join(text_dir, name), out_dir)
+    return out_dir
