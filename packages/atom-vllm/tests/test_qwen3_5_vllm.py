@@ -2,7 +2,7 @@
 the real vLLM engine: vLLM's vision tower, processor and M-RoPE positions, ATOM's language model
 (atom_vllm.vision_language), its Gated DeltaNet states in vLLM's state cache. Greedy tokens equal
 HF transformers' own vision-language model's (fp32, tiny random checkpoint with a trained tokenizer
-and HF's processor), for text-only prompts with chunked prefill and for image + text prompts.
+and HF's processor), for image + text and text-only prompts in one batch.
 
 vLLM alone serves Qwen3.5 on CPU only in bfloat16 with heads of a multiple of 32 (its CPU Gated
 DeltaNet kernels: see test_qwen3_next_vllm), so HF is the reference here.
@@ -20,7 +20,6 @@ from atom_core.models import SUPPORTED_ARCHITECTURES
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 10
-CHUNKED = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
 # vLLM 0.26's multimodal processor cache runs the HF processor on prompt text alone, which transformers
 # 5.23 refuses ("Found 1 <|image_pad|> tokens in the text but no images were passed"), with or
 # without ATOM: the tests run without that cache.
@@ -28,11 +27,6 @@ IMAGES_ONLY = {"limit_mm_per_prompt": {"image": 1, "video": 0}, "mm_processor_ca
 # (height, width) of the test images: 4 x 6 and 2 x 2 merged tokens of the tiny tower.
 IMAGE_SIZES = [(64, 96), (32, 32)]
 QUESTIONS = ["The quick brown fox", "Paged attention stores keys"]
-
-
-@pytest.fixture(scope="module", params=["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"])
-def model(request, tiny_model_dir) -> str:
-    return tiny_model_dir(request.param, random_norms=True)
 
 
 @pytest.fixture(scope="module")
@@ -85,22 +79,38 @@ def assert_atom_serves_the_language_model(result, model: str) -> None:
     assert "ATOM hands" not in result["log"]
 
 
-def test_text_prompts_with_chunked_prefill_match_hf(model):
-    """Four text-only requests at once in 16-token steps (M-RoPE positions with three equal axes)."""
-    phase1, _ = make_prompts()
-    result = run_vllm(model, [phase1], MAX_TOKENS, llm_kwargs={**CHUNKED, **IMAGES_ONLY})
+def run_and_check(model: str, images: list[str], llm_kwargs: dict, env: dict | None = None) -> dict:
+    """Two image + text prompts beside the four text prompts of phase 1, then phase 2's, which share
+    phase 1's 48-token prefix: vLLM's processor and vision tower give the image embeddings and the
+    M-RoPE positions (an image's tokens walk its rows and columns), ATOM's model the tokens, equal to
+    HF's for every prompt."""
+    phase1, phase2 = make_prompts()
+    with_images = image_prompts(model, images)
+    result = run_vllm(model, [with_images + phase1, phase2], MAX_TOKENS, env=env,
+                      llm_kwargs={**IMAGES_ONLY, **llm_kwargs})
     assert_atom_serves_the_language_model(result, model)
-    assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)
-
-
-def test_image_prompts_match_hf(model, images):
-    """Two image + text requests: vLLM's processor and vision tower give the image embeddings and
-    the M-RoPE positions (the image's tokens walk its rows and columns), ATOM's model the tokens."""
-    prompts = image_prompts(model, images)
-    result = run_vllm(model, [prompts], MAX_TOKENS, llm_kwargs=IMAGES_ONLY)
-    assert_atom_serves_the_language_model(result, model)
-    expected = hf_image_greedy(model, prompts, MAX_TOKENS)
+    expected = hf_image_greedy(model, with_images, MAX_TOKENS) + hf_greedy(model, phase1 + phase2, MAX_TOKENS)
     assert tokens_of(result) == expected
-    # The image matters: the same text with another image continues differently.
-    swapped = hf_image_greedy(model, [{**prompts[0], "image": images[1]}], MAX_TOKENS)
+    # The image matters: the first question with the other image continues differently.
+    swapped = hf_image_greedy(model, [{**with_images[0], "image": images[1]}], MAX_TOKENS)
     assert swapped[0] != expected[0]
+    return result
+
+
+def test_dense_compiled_with_chunked_prefill_and_prefix_cache(tiny_model_dir, images, tmp_path):
+    """Qwen3.5 under ATOM's piecewise compile (level 3), in 32-token steps (the image prompts'
+    prefills span steps beside other requests' decodes), with prefix caching on (vLLM's 'align' mode
+    for hybrid models). The M-RoPE positions' token dimension is the compiled graph's dynamic one:
+    one compile for all batch sizes and one more for single tokens, none per batch size."""
+    model = tiny_model_dir("Qwen3_5ForConditionalGeneration", random_norms=True)
+    result = run_and_check(model, images, {
+        "max_num_batched_tokens": 32, "enable_chunked_prefill": True, "enable_prefix_caching": True,
+        "enforce_eager": False, "additional_config": {"atom_compilation_level": 3},
+    }, env={"ATOM_CACHE_DIR": str(tmp_path)})
+    assert result["log"].count("INFO atom: torch.compile: 4 attention split points, 5 compiled pieces") == 2
+    assert all(o["num_cached_tokens"] > 0 for o in result["phases"][1])
+
+
+def test_moe_matches_hf(tiny_model_dir, images):
+    """Qwen3.5-MoE, eager, vLLM's default scheduling."""
+    run_and_check(tiny_model_dir("Qwen3_5MoeForConditionalGeneration", random_norms=True), images, {})

@@ -4,7 +4,8 @@ Levels (``Config.compilation_config.level``, the same numbering as vLLM's compil
 0 eager; 1 and 2 one Inductor graph for the whole trunk; 3 piecewise: split at every attention
 layer, each piece compiled by Inductor (the host may CUDA-graph the pieces). The token dimension of
 ``input_ids``, ``positions`` and ``inputs_embeds`` is dynamic, so one compile serves every batch
-size (Dynamo specialises size 1 separately, so decode batches of one token compile once more).
+size (Dynamo specialises size 1 separately, so decode batches of one token compile once more). It is
+the last dimension of ``positions``, which M-RoPE models get as [3, T].
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from atom_core.compile.backend import ATOMCompileBackend
 from atom_core.config import CompilationLevel, Config, get_current_atom_config
 
-DYNAMIC_ARGS = ("input_ids", "positions", "inputs_embeds")
+# Each argument's token dimension.
+DYNAMIC_ARGS = {"input_ids": 0, "positions": -1, "inputs_embeds": 0}
 
 
 def _compile_level(args: tuple, kwargs: dict) -> CompilationLevel:
@@ -48,10 +50,10 @@ def support_torch_compile(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
             return eager_forward(self, *args, **kwargs)
         if self._atom_compiled is None:
             bound = dict(zip(parameters, args)) | kwargs
-            for name in DYNAMIC_ARGS:
+            for name, dim in DYNAMIC_ARGS.items():
                 value = bound.get(name)
                 if isinstance(value, torch.Tensor):
-                    torch._dynamo.mark_dynamic(value, 0)
+                    torch._dynamo.mark_dynamic(value, dim % value.dim())
             # Each model instance is a new guard target for the shared forward code; a process
             # that builds several models (tests, multi-model hosts) needs more than Dynamo's 8.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
