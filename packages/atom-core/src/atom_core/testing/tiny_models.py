@@ -44,6 +44,18 @@ _BASE: dict[str, Any] = dict(
     pad_token_id=0,
 )
 
+# The Gated DeltaNet / full-attention layers of the hybrid models (Qwen3-Next, Qwen3.5): linear
+# attention with 2 key and 4 value heads of different sizes (16 / 24), alternating with full attention.
+HYBRID_LAYERS: dict[str, Any] = dict(
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=24,
+    linear_conv_kernel_dim=4,
+)
+
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen3ForCausalLM": dict(model_type="qwen3", rope_theta=10000.0),
     # Not implemented by ATOM: the fallback-to-vLLM tests use it.
@@ -175,13 +187,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         model_type="qwen3_next",
         rope_theta=10000.0,
         partial_rotary_factor=0.25,
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=24,
-        linear_conv_kernel_dim=4,
+        **HYBRID_LAYERS,
         num_experts=6,
         num_experts_per_tok=2,
         moe_intermediate_size=48,
@@ -193,13 +199,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     # MLP and interleaved M-RoPE over half the head (8 frequencies: 3 time, 3 height, 2 width).
     "Qwen3_5ForCausalLM": dict(
         model_type="qwen3_5_text",
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=24,
-        linear_conv_kernel_dim=4,
+        **HYBRID_LAYERS,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5,
                              mrope_section=[3, 3, 2], mrope_interleaved=True),
     ),
