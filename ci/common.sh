@@ -11,8 +11,12 @@ if ! command -v uv >/dev/null 2>&1; then
     hash -r
 fi
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# pytest-xdist runs the vLLM suite on both cores (its engine starts are single-threaded Python). It is
+# installed beside the lock, pinned: adding it to the lock re-resolves the workspace, which today
+# fails for Python 3.14 (no SGLang 0.5.17 wheels there).
 sync_vllm_env() {
     uv sync --frozen --package atom-vllm --extra cpu --group dev
+    uv pip install -q --python .venv/bin/python pytest-xdist==3.8.0 execnet==2.1.2
 }
 sync_sglang_env() {
     UV_PROJECT_ENVIRONMENT=.venv-sglang uv sync --frozen --package atom-sglang --group dev

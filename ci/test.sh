@@ -7,7 +7,8 @@ sync_vllm_env
 # The kernel suite runs Triton through its interpreter (TRITON_INTERPRET=1 for the whole process),
 # so it gets a process of its own: the model and engine tests use the normal backend selection.
 .venv/bin/pytest -q packages/atom-kernels/tests "$@"
-.venv/bin/pytest -q packages/atom-core/tests packages/atom-vllm/tests "$@"
+# Two workers, each test file whole on one (its module fixtures build once).
+.venv/bin/pytest -q -n 2 --dist loadfile packages/atom-core/tests packages/atom-vllm/tests "$@"
 # HF config reading again on the oldest transformers vLLM accepts.
 sync_oldest_transformers
 PYTHONPATH="$OLDEST_TRANSFORMERS" .venv/bin/pytest -q -p no:cacheprovider packages/atom-core/tests/test_takeover.py "$@"
