@@ -100,3 +100,29 @@ def test_tp2_matches_single_rank(model_dir, tmp_path):
     attention heads, and half of each expert's (and the shared expert's) channels."""
     ranks = run_tp(2, [model_dir], tmp_path, atom_qwen3_5)
     assert_tp_matches_single_rank(2, ranks, model_dir, atom_qwen3_5)
+
+
+def test_contiguous_mrope_sections_match_hf_qwen2_vl():
+    """The other M-RoPE layout (``mrope_interleaved`` false: Qwen2-VL's contiguous runs of time,
+    height and width frequencies) against HF's Qwen2-VL rotary embedding, full rotary over 32
+    channels."""
+    from transformers import Qwen2VLTextConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
+
+    from atom_core.layers.rotary import RopeSpec, RotaryEmbedding
+
+    heads, head_dim, tokens, sections = 2, 32, 11, [6, 5, 5]
+    generator = torch.Generator().manual_seed(3)
+    positions = torch.randint(0, 60, (3, tokens), generator=generator)
+    q = torch.randn(tokens, heads * head_dim, generator=generator)
+    k = torch.randn(tokens, heads * head_dim, generator=generator)
+    rope = RotaryEmbedding(head_dim, head_dim, 64, RopeSpec(mrope_section=tuple(sections)))
+    q_atom, k_atom = rope(positions, q, k)
+
+    config = Qwen2VLTextConfig(hidden_size=heads * head_dim, num_attention_heads=heads, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections})
+    cos, sin = Qwen2VLRotaryEmbedding(config)(q, positions[:, None])
+    as_hf = lambda x: x.view(1, tokens, heads, head_dim).transpose(1, 2)  # noqa: E731
+    q_hf, k_hf = apply_rotary_pos_emb(as_hf(q), as_hf(k), cos, sin)
+    assert torch.allclose(q_atom, q_hf.transpose(1, 2).reshape(tokens, -1), atol=1e-5)
+    assert torch.allclose(k_atom, k_hf.transpose(1, 2).reshape(tokens, -1), atol=1e-5)
