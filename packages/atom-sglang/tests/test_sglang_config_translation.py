@@ -8,8 +8,10 @@ from transformers import Qwen3Config
 
 from atom_core.config import CompilationLevel
 from atom_core.testing.tiny_models import tiny_hf_config
+from atom_core.testing.tiny_vision_language import tiny_vision_language_config
 from atom_sglang.config_translation import (
     RECURRENT_STATE_REASON,
+    VISION_LANGUAGE_REASON,
     atom_config_from_sglang,
     takeover_decision,
     unpadded_hf_config,
@@ -71,3 +73,12 @@ def test_recurrent_state_models_are_handed_back():
     qwen3 = SimpleNamespace(hf_config=tiny_hf_config("Qwen3ForCausalLM"), dtype=torch.bfloat16,
                             quantization=None)
     assert takeover_decision(server_args, qwen3).atom_serves
+
+
+def test_vision_language_models_are_handed_back():
+    """SGLang keeps its own Qwen3.5 (its multimodal processors are registered to its classes)."""
+    server_args = SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto",
+                                  is_embedding=False, device="cpu")
+    qwen3_5 = SimpleNamespace(hf_config=tiny_vision_language_config("Qwen3_5ForConditionalGeneration"),
+                              dtype=torch.bfloat16, quantization=None)
+    assert takeover_decision(server_args, qwen3_5).reasons == (VISION_LANGUAGE_REASON,)
