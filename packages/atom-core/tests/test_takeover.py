@@ -19,7 +19,10 @@ from packaging.version import Version
 from test_hf_parity import assert_logits_match_hf
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+)
 
 from atom_core.hosting.hf_config import complete_hf_config
 from atom_core.hosting.takeover import (
@@ -89,17 +92,22 @@ def test_gpt_oss_without_swiglu_alpha_gets_hf_default(tmp_path):
     assert completed.swiglu_limit == 7.0  # the published value
 
 
-FAMILY_MODEL_TYPES = {arch: model_type for model_type, arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
-                      if arch in SUPPORTED_ARCHITECTURES}
+# Vision-language architectures are the image-text-to-text mapping's; ATOM reads their text config.
+FAMILY_MODEL_TYPES = {arch: model_type for mapping in (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                       MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+                      for model_type, arch in mapping.items() if arch in SUPPORTED_ARCHITECTURES}
 
 
 @pytest.mark.parametrize("architecture", sorted(FAMILY_MODEL_TYPES))
 def test_hf_defaults_are_those_of_transformers(architecture):
     """ATOM's defaults equal the installed transformers' for every key its config class has (a
     release that lacks a key is what the default is for)."""
-    hf_default = CONFIG_MAPPING[FAMILY_MODEL_TYPES[architecture]]()
+    hf_default = CONFIG_MAPPING[FAMILY_MODEL_TYPES[architecture]]().get_text_config()
     defaults = get_model_class(architecture).hf_defaults
-    known = {key: getattr(hf_default, key) for key in defaults if hasattr(hf_default, key)}
+    # transformers 5 keeps rope keys (partial_rotary_factor) in rope_parameters.
+    rope = getattr(hf_default, "rope_parameters", None) or {}
+    known = {key: getattr(hf_default, key) if hasattr(hf_default, key) else rope[key]
+             for key in defaults if hasattr(hf_default, key) or key in rope}
     assert known == {key: defaults[key] for key in known}
     if Version(transformers.__version__) >= Version("5.23"):
         assert known.keys() == defaults.keys()
