@@ -2,15 +2,15 @@
 bfloat16 only; tiny models written in the published layouts by atom_core.testing.fp8_checkpoints):
 greedy tokens equal ATOM's model alone in bfloat16 on the same checkpoint
 (atom_core.testing.reference.atom_greedy; in float32 its logits match HF transformers within FP8
-rounding, see atom-core's test_fp8_parity.py). FP8 MLA models are left to SGLang for now
-(atom_sglang.config_translation.FP8_MLA_REASON)."""
+rounding, see atom-core's test_fp8_parity.py). FP8 MLA models run ATOM's model on SGLang's latent
+attention; with an FP8 KV cache SGLang serves them itself (FP8_MLA_CACHE_REASON)."""
 
 import pytest
 import torch
 from sglang_testing import run_sglang
 
 from atom_core.testing.fp8_checkpoints import add_kv_cache_scales, write_tiny_fp8_checkpoint
-from atom_core.testing.reference import atom_greedy, fp8_kv_cache_semantics
+from atom_core.testing.reference import atom_greedy, atom_logits, fp8_kv_cache_semantics, prompt_logprobs
 
 pytestmark = pytest.mark.sglang
 
@@ -36,18 +36,43 @@ def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
     assert tokens == atom_greedy(model, PROMPTS, MAX_TOKENS, torch.bfloat16)
 
 
-def test_fp8_mla_is_left_to_sglang(tiny_model_dir, tmp_path):
-    """atom_sglang.config_translation.FP8_MLA_REASON and FP8_MLA_CACHE_REASON, from SGLang's own
-    configs."""
+def test_fp8_mla_served_by_atom_on_sglang_latent_attention(tiny_model_dir, tmp_path):
+    """A block-FP8 DeepSeek-V3 in bf16 (SGLang's only dtype for FP8): ATOM's model on SGLang's
+    latent attention gives prompt log-probabilities as close to ATOM's model alone in fp32 as ATOM
+    alone in bf16 is. The weights have std 0.05, under which bf16 rounding ahead of the FP8
+    activation quantization moves log-probabilities by hundredths (at the tiny models' usual 0.1, by
+    up to 2, too much to tell a wrong pairing from rounding); the prompts' log-probabilities spread
+    over about 2.4, so a wrong pairing shows at that scale."""
+    def smooth(architecture, **overrides):
+        return tiny_model_dir(architecture, std=0.05, **overrides)
+
+    model = write_tiny_fp8_checkpoint(smooth, "DeepseekV3ForCausalLM", str(tmp_path / "fp8"), "fp8-block")
+    run = {"model": model, "phases": [PROMPTS], "max_tokens": 1, "prompt_logprobs": True,
+           "engine_kwargs": {"dtype": "bfloat16"}}
+    [[result]] = run_sglang(([run], {}))
+    assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
+    fp32, bf16 = atom_logits(model, torch.float32), atom_logits(model, torch.bfloat16)
+
+    def differences(logprobs_of) -> torch.Tensor:
+        return torch.tensor([abs(a - b) for prompt, theirs in zip(PROMPTS, logprobs_of)
+                             for a, b in zip(prompt_logprobs(fp32(prompt), prompt), theirs)])
+
+    sglang = differences([o["prompt_logprobs"] for o in result["phases"][0]])
+    atom_bf16 = differences([prompt_logprobs(bf16(prompt), prompt) for prompt in PROMPTS])
+    assert sglang.mean() <= 1.5 * atom_bf16.mean() and sglang.max() <= 2 * atom_bf16.max(), (sglang, atom_bf16)
+
+
+def test_fp8_mla_cache_is_left_to_sglang(tiny_model_dir, tmp_path):
+    """atom_sglang.config_translation.FP8_MLA_CACHE_REASON, from SGLang's own configs; an FP8 MLA
+    checkpoint with the model's cache dtype is ATOM's."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.server_args import ServerArgs
 
-    from atom_sglang.config_translation import FP8_MLA_CACHE_REASON, FP8_MLA_REASON, takeover_decision
+    from atom_sglang.config_translation import FP8_MLA_CACHE_REASON, takeover_decision
 
     fp8 = write_tiny_fp8_checkpoint(tiny_model_dir, "DeepseekV3ForCausalLM", str(tmp_path / "fp8"), "fp8-block")
     bf16 = tiny_model_dir("DeepseekV3ForCausalLM")
-    cells = ((fp8, "auto", (FP8_MLA_REASON,)), (bf16, "auto", ()),
-             (bf16, "fp8_e4m3", (FP8_MLA_CACHE_REASON,)))
+    cells = ((fp8, "auto", ()), (bf16, "auto", ()), (bf16, "fp8_e4m3", (FP8_MLA_CACHE_REASON,)))
     for model, kv_cache_dtype, reasons in cells:
         server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16", kv_cache_dtype=kv_cache_dtype)
         assert takeover_decision(server_args, ModelConfig.from_server_args(server_args)).reasons == reasons

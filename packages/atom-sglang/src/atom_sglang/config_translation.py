@@ -46,14 +46,9 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
     )
 
 
-# SGLang runs ATOM's MLA models on its own latent attention (atom_sglang.host_hooks). With an FP8
-# checkpoint, in bf16 (SGLang runs FP8 in bf16 only), a tiny DeepSeek's greedy tokens through that
-# pairing part from ATOM's own at the first token of a 30-token prompt on CPU: SGLang's token is
-# ATOM-alone-bf16's second choice, 0.28 behind (sixth in fp32), so bf16 rounding with FP8 activations
-# explains it, but nothing here proves the pairing right (SGLang's runner gives no logprobs to
-# compare). Until a check does, SGLang serves FP8 MLA models itself.
-FP8_MLA_REASON = "FP8 MLA models on SGLang are not verified yet"
-# The same pairing with an FP8 KV cache: SGLang's MLA backends keep it themselves, untested with ATOM.
+# SGLang runs ATOM's MLA models on its own latent attention (atom_sglang.host_hooks), FP8 checkpoints
+# included (checked in bf16, SGLang's only dtype for FP8: tests/test_sglang_fp8.py).
+# That pairing with an FP8 KV cache: SGLang's MLA backends keep it themselves, untested with ATOM.
 FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang is not verified yet"
 
 
@@ -86,8 +81,6 @@ def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     mla = getattr(model.hf_config, "kv_lora_rank", None) is not None
     if not (decision.atom_serves and mla):
         return decision
-    if model.quantization is not None:
-        return dataclasses.replace(decision, reasons=(FP8_MLA_REASON,))
     if model.kv_cache_dtype in FP8_KV_CACHE_DTYPES:
         return dataclasses.replace(decision, reasons=(FP8_MLA_CACHE_REASON,))
     return decision
