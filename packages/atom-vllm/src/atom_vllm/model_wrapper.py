@@ -44,11 +44,17 @@ def build_host_model(vllm_config, prefix: str) -> nn.Module:
     return initialize_model(vllm_config, prefix=prefix, model_class=model_class)
 
 
+def new_atom_or_vllm_model(cls: type, vllm_config, prefix: str):
+    """What an ATOM model class's ``__new__`` returns: a new ``cls`` where ATOM serves this
+    configuration, else vLLM's own model (atom_core.hosting.takeover.new_wrapper_or_host_model)."""
+    return new_wrapper_or_host_model(
+        cls, takeover_decision(vllm_config), lambda: build_host_model(vllm_config, prefix)
+    )
+
+
 class ATOMModelBase(nn.Module):
     def __new__(cls, *, vllm_config, prefix: str = ""):
-        return new_wrapper_or_host_model(
-            cls, takeover_decision(vllm_config), lambda: build_host_model(vllm_config, prefix)
-        )
+        return new_atom_or_vllm_model(cls, vllm_config, prefix)
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()

@@ -26,9 +26,7 @@ from vllm.model_executor.models.qwen3_5 import (
     Qwen3_5MoeForConditionalGeneration,
 )
 
-from atom_core.hosting.takeover import new_wrapper_or_host_model
-from atom_vllm.config_translation import takeover_decision
-from atom_vllm.model_wrapper import ATOMModelBase, RecurrentStateSizing, build_host_model
+from atom_vllm.model_wrapper import ATOMModelBase, RecurrentStateSizing, new_atom_or_vllm_model
 
 
 class ATOMLanguageModel(ATOMModelBase):
@@ -57,9 +55,7 @@ class VisionLanguageWrapper:
     LANGUAGE_MODEL: tuple[str, str]
 
     def __new__(cls, *, vllm_config, prefix: str = ""):
-        return new_wrapper_or_host_model(
-            cls, takeover_decision(vllm_config), lambda: build_host_model(vllm_config, prefix)
-        )
+        return new_atom_or_vllm_model(cls, vllm_config, prefix)
 
     def __init__(self, *, vllm_config, prefix: str = "model"):
         with language_model_built_by_atom(*self.LANGUAGE_MODEL):
