@@ -19,7 +19,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_hf_parity import atom_batch_logits, atom_model
-from transformers import AutoModelForCausalLM
 
 from atom_core.layers.linear import ColumnParallelLinear
 from atom_core.loader import CheckpointError
@@ -31,6 +30,7 @@ from atom_core.testing.fp8_checkpoints import (
     write_dequantized_checkpoint,
     write_tiny_fp8_checkpoint,
 )
+from atom_core.testing.hf_classes import hf_reference_model
 from atom_kernels.registry import OPS
 
 torch.set_default_dtype(torch.float32)
@@ -110,7 +110,7 @@ def counting_quant_calls(run):
 
 
 def hf_logits(model_dir: str, sequences, fake_quant_from: str | None = None) -> torch.Tensor:
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = hf_reference_model(model_dir)
     outputs = []
     with torch.no_grad():
         for seq in sequences:
@@ -160,7 +160,7 @@ def test_mla_kv_b_proj_is_dequantized_at_load(fp8_model_dir):
     attention = model.model.layers[0].self_attn
     assert attention.q_b_proj.weight.dtype == torch.float8_e4m3fn
     assert attention.kv_b_proj.weight.dtype == torch.float32
-    hf = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32)
+    hf = hf_reference_model(dequantized)
     assert torch.equal(attention.kv_b_proj.weight, hf.model.layers[0].self_attn.kv_b_proj.weight)
 
 

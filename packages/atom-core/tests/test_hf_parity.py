@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from atom_core import Config
 from atom_core.hosting.build import build_atom_model
 from atom_core.layers.attention import standalone_batch
 from atom_core.loader import iter_safetensors
 from atom_core.models import SUPPORTED_ARCHITECTURES
+from atom_core.testing.hf_classes import hf_reference_model
 
 torch.set_default_dtype(torch.float32)
 
@@ -22,7 +23,7 @@ def atom_model(model_dir: str):
 
 
 def hf_logits(model_dir: str, sequences: list[list[int]]) -> list[torch.Tensor]:
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = hf_reference_model(model_dir)
     with torch.no_grad():
         return [hf(torch.tensor([seq])).logits[0] for seq in sequences]
 

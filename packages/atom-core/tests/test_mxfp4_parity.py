@@ -14,13 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_hf_parity import atom_batch_logits, atom_model
-from transformers import AutoModelForCausalLM, Mxfp4Config
+from transformers import Mxfp4Config
 
 from atom_core.distributed import SINGLE_RANK, TPGroup, set_tp_group
 from atom_core.layers.moe import STACKED_TRANSPOSED, FusedMoE
 from atom_core.loader import CheckpointError
 from atom_core.quantization import quantized_layers
 from atom_core.quantization.scheme import Mxfp4Scheme, QuantConfig
+from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.mxfp4_checkpoints import quantize_mxfp4, write_tiny_mxfp4_checkpoints
 
 torch.set_default_dtype(torch.float32)
@@ -37,7 +38,7 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
 
 
 def hf_logits(model_dir: str, sequences, **options) -> torch.Tensor:
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **options).eval()
+    hf = hf_reference_model(model_dir, **options)
     with torch.no_grad():
         return torch.cat([hf(torch.tensor([seq])).logits[0] for seq in sequences])
 

@@ -12,13 +12,14 @@ pytest.importorskip("transformers.models.qwen3_5", reason="this transformers has
 from safetensors import safe_open  # noqa: E402
 from test_hf_parity import assert_logits_close, atom_batch_logits, hf_logits  # noqa: E402
 from test_tensor_parallel import assert_tp_matches_single_rank, run_tp  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
 
 from atom_core import Config  # noqa: E402
 from atom_core.hosting.hf_config import complete_hf_config  # noqa: E402
 from atom_core.layers.attention import standalone_batch  # noqa: E402
 from atom_core.loader import iter_safetensors  # noqa: E402
 from atom_core.models import get_model_class  # noqa: E402
+from atom_core.testing.hf_classes import hf_reference_model  # noqa: E402
 
 # HF's text-model class -> the VLM architecture whose language model ATOM's class is.
 LANGUAGE_MODELS = {"Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
@@ -84,7 +85,7 @@ def test_mrope_positions_match_hf(model_dir):
     model = atom_qwen3_5(model_dir)
     with torch.no_grad(), standalone_batch(lengths):
         logits = model.compute_logits(model(torch.cat(ids), torch.cat(positions, dim=1)))
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = hf_reference_model(model_dir)
     with torch.no_grad():
         expected = torch.cat([hf(seq[None], position_ids=pos[:, None]).logits[0]
                               for seq, pos in zip(ids, positions)])

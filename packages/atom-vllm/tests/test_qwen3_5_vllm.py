@@ -16,6 +16,7 @@ from test_vllm_parity import make_prompts, tokens_of
 from vllm_testing import hf_greedy, run_vllm
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
+from atom_core.testing.hf_classes import hf_reference_model
 
 pytestmark = pytest.mark.vllm
 
@@ -53,10 +54,10 @@ def image_prompts(model: str, images: list[str]) -> list[dict]:
 
 def hf_image_greedy(model: str, prompts: list[dict], max_tokens: int) -> list[list[int]]:
     """HF's Qwen3_5ForConditionalGeneration, its processor expanding each image's placeholder."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(model)
-    hf = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
+    hf = hf_reference_model(model, "AutoModelForImageTextToText")
     outputs = []
     with torch.no_grad():
         for prompt in prompts:

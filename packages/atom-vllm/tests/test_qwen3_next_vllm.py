@@ -20,6 +20,8 @@ from vllm_testing import (
     worst_prompt_logprob_diff,
 )
 
+from atom_core.testing.hf_classes import hf_reference_model
+
 pytestmark = pytest.mark.vllm
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
@@ -41,9 +43,7 @@ def prompts() -> tuple[list[list[int]], list[list[int]]]:
 
 
 def hf_logits(model_dir: str):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = hf_reference_model(model_dir)
 
     def logits(tokens: list[int]) -> torch.Tensor:
         with torch.no_grad():

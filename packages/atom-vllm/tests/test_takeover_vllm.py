@@ -30,6 +30,7 @@ from vllm_testing import (
 from atom_core.hosting.takeover import VISION_LANGUAGE_QUANTIZATION_REASON
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
+from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.tiny_models import VOCAB_SIZE
 from atom_vllm.config_translation import takeover_decision
 
@@ -106,9 +107,7 @@ def test_strict_takeover_refuses_at_start_naming_the_reason(tiny_model_dir):
 
 
 def hf_prompt_logprobs(model_dir: str, prompt: list[int]) -> list[float]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = hf_reference_model(model_dir)
     with torch.no_grad():
         logprobs = hf(torch.tensor([prompt])).logits[0].log_softmax(-1)
     return logprobs[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()

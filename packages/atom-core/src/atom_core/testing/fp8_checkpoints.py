@@ -113,9 +113,9 @@ def _quantize(form: str, name: str, weight: torch.Tensor, block: int) -> dict[st
 
 def calibrate_input_scales(model_dir: str, sequences: int = 4, length: int = 24) -> dict[str, torch.Tensor]:
     """Per linear layer name: the amax of its inputs over random sequences / 448, as a scalar."""
-    from transformers import AutoModelForCausalLM
+    from atom_core.testing.hf_classes import hf_reference_model
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = hf_reference_model(model_dir)
     amax: dict[str, torch.Tensor] = {}
 
     def record(name):

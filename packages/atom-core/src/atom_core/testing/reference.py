@@ -11,9 +11,9 @@ import torch
 
 def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """HF transformers greedy decoding, ``max_tokens`` per prompt, never stopping early (no EOS)."""
-    from transformers import AutoModelForCausalLM
+    from atom_core.testing.hf_classes import hf_reference_model
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = hf_reference_model(model_dir)
     outputs = []
     with torch.no_grad():
         for prompt in prompts:

@@ -212,11 +212,11 @@ TINY_CONFIGS["Qwen3_5MoeForCausalLM"] = dict(
 
 
 def tiny_hf_config(architecture: str, **overrides: Any):
-    from transformers import AutoConfig
+    from atom_core.testing.hf_classes import transformers_config_class
 
     settings = {**_BASE, **TINY_CONFIGS[architecture], **overrides}
     model_type = settings.pop("model_type")
-    config = AutoConfig.for_model(model_type, **settings)
+    config = transformers_config_class(model_type)(**settings)
     config.architectures = [architecture]
     return config
 

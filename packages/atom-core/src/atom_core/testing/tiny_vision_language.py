@@ -57,15 +57,15 @@ CHAT_TEMPLATE = (
 
 
 def tiny_vision_language_config(architecture: str):
-    from transformers import AutoConfig
+    from atom_core.testing.hf_classes import transformers_config_class
 
     spec = TINY_VISION_LANGUAGE[architecture]
     text = tiny_hf_config(spec.text_architecture, vocab_size=VOCAB_SIZE + len(spec.vision_tokens))
     ids = {key: VOCAB_SIZE + i for i, key in enumerate(spec.token_id_keys)}
     text_dict = text.to_dict()
     text_dict.pop("architectures", None)
-    config = AutoConfig.for_model(spec.model_type, text_config=text_dict, vision_config=spec.vision_config,
-                                  tie_word_embeddings=False, **ids)
+    config = transformers_config_class(spec.model_type)(text_config=text_dict, vision_config=spec.vision_config,
+                                                          tie_word_embeddings=False, **ids)
     config.architectures = [architecture]
     return config
 
