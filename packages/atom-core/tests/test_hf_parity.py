@@ -10,6 +10,7 @@ from atom_core.layers.attention import standalone_batch
 from atom_core.loader import iter_safetensors
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.hf_classes import hf_reference_model
+from atom_core.testing.tiny_vision_language import LANGUAGE_MODEL_OF
 
 torch.set_default_dtype(torch.float32)
 
@@ -17,7 +18,8 @@ torch.set_default_dtype(torch.float32)
 def atom_model(model_dir: str):
     hf_config = AutoConfig.from_pretrained(model_dir)
     config = Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32)
-    model = build_atom_model(config, hf_config.architectures[0], "this test")
+    architecture = hf_config.architectures[0]
+    model = build_atom_model(config, LANGUAGE_MODEL_OF.get(architecture, architecture), "this test")
     model.load_weights(iter_safetensors(model_dir))
     return model.eval()
 

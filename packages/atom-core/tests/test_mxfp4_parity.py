@@ -104,7 +104,7 @@ def test_bf16_experts_in_an_mxfp4_checkpoint_are_an_error(checkpoints, tmp_path)
 def mxfp4_experts(rank: int, world_size: int, tensors: dict[str, torch.Tensor]) -> FusedMoE:
     set_tp_group(TPGroup(rank, world_size, lambda x: x, lambda x, dim: x))
     try:
-        with quantized_layers(QuantConfig("mxfp4", Mxfp4Scheme(), experts_only=True), {}):
+        with quantized_layers(QuantConfig("mxfp4", Mxfp4Scheme(), experts_only=True)):
             experts = FusedMoE(4, 64, 64, prefix="experts", activation="clamped_swiglu",
                                interleaved=True, bias=True, checkpoint_layout=STACKED_TRANSPOSED)
     finally:
@@ -138,7 +138,7 @@ def test_tensor_parallel_ranks_hold_whole_blocks_and_sum_to_one_rank():
 def test_an_intermediate_size_split_inside_a_block_is_an_error():
     set_tp_group(TPGroup(0, 4, lambda x: x, lambda x, dim: x))
     try:
-        with quantized_layers(QuantConfig("mxfp4", Mxfp4Scheme(), experts_only=True), {}):
+        with quantized_layers(QuantConfig("mxfp4", Mxfp4Scheme(), experts_only=True)):
             with pytest.raises(ValueError, match="per-rank intermediate size 16 \\(TP 4\\)"):
                 FusedMoE(4, 64, 64, prefix="experts", checkpoint_layout=STACKED_TRANSPOSED,
                          interleaved=True, bias=True)

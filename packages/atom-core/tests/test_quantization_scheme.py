@@ -8,7 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from atom_core.hosting.hf_config import language_model_config
 from atom_core.hosting.takeover import MXFP4_OPT_IN_REASON, HostedModel, decide_takeover
+from atom_core.loader import WeightMap
+from atom_core.models.decoder import STACKED_QKV_GATE_UP
 from atom_core.quantization import Fp8Scheme, Mxfp4Scheme, UnsupportedQuantization, quant_config_from_hf
 
 FP8 = {"quant_method": "fp8", "fmt": "e4m3"}
@@ -120,10 +123,21 @@ def test_unquantized_modules_match_whole_dotted_names_and_patterns():
 
 def test_a_fused_layer_is_quantized_only_if_all_its_parts_are():
     config = parse({**FP8, "modules_to_not_convert": ["model.layers.0.self_attn.k_proj"]})
-    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    fused = WeightMap(stacked=STACKED_QKV_GATE_UP).checkpoint_modules
     assert config.scheme_for("model.layers.1.self_attn.qkv_proj", fused) is not None
     with pytest.raises(UnsupportedQuantization, match="quantizes only in part"):
         config.scheme_for("model.layers.0.self_attn.qkv_proj", fused)
+
+
+def test_the_list_names_modules_as_the_checkpoint_spells_them():
+    """ATOM's ``shared_experts`` is the checkpoint's ``shared_expert`` (Qwen3-Next, Qwen3.5-MoE)."""
+    config = parse({**FP8, "modules_to_not_convert": ["model.layers.0.mlp.shared_expert"]})
+    names = WeightMap(stacked=STACKED_QKV_GATE_UP, renamed={"shared_expert": "shared_experts"}).checkpoint_modules
+    assert names("model.layers.0.mlp.shared_experts.gate_up_proj") == [
+        "model.layers.0.mlp.shared_expert.gate_proj", "model.layers.0.mlp.shared_expert.up_proj"]
+    assert config.scheme_for("model.layers.0.mlp.shared_experts.gate_up_proj", names) is None
+    assert config.scheme_for("model.layers.0.mlp.shared_experts.down_proj", names) is None
+    assert config.scheme_for("model.layers.1.mlp.shared_experts.down_proj", names) is not None
 
 
 def hosted(quantization: dict | None, requested: str | None, **hf_keys) -> HostedModel:
@@ -181,3 +195,19 @@ def test_static_activation_scales_on_experts_are_handed_back():
     assert decide_takeover(model).reasons == ("static FP8 activation scales on MoE experts are not supported",)
     assert decide_takeover(dataclasses.replace(model, hf_config=SimpleNamespace(
         **{**vars(model.hf_config), "num_local_experts": None}))).atom_serves
+
+
+def test_a_vision_language_checkpoint_lists_its_language_model_modules_by_their_checkpoint_names():
+    """Qwen3.5 keeps its language model under ``model.language_model``, Kimi-K2.5 under
+    ``language_model.model``; ATOM's language model is handed ``model.*`` and ``lm_head``."""
+    listed = ["model.visual.blocks.0.attn.qkv", "model.language_model.layers.0.linear_attn.in_proj_b",
+              "language_model.lm_head", r"re:model\.language_model\.layers\.1\..*", "re:.*visual.*"]
+    text = SimpleNamespace(num_hidden_layers=2)
+    vlm = SimpleNamespace(text_config=text, quantization_config={**FP8, "modules_to_not_convert": listed})
+    config = language_model_config(vlm, text)
+    assert config is not text and not hasattr(text, "quantization_config")
+    assert config.quantization_config["modules_to_not_convert"] == [
+        "model.visual.blocks.0.attn.qkv", "model.layers.0.linear_attn.in_proj_b", "lm_head",
+        r"re:model\.layers\.1\..*", "re:.*visual.*"]
+    assert vlm.quantization_config["modules_to_not_convert"] == listed
+    assert language_model_config(text, text) is text

@@ -10,34 +10,17 @@ import torch
 pytest.importorskip("transformers.models.qwen3_5", reason="this transformers has no Qwen3.5")
 
 from safetensors import safe_open  # noqa: E402
-from test_hf_parity import assert_logits_close, atom_batch_logits, hf_logits  # noqa: E402
+from test_hf_parity import assert_logits_close, atom_batch_logits, atom_model, hf_logits  # noqa: E402
 from test_tensor_parallel import assert_tp_matches_single_rank, run_tp  # noqa: E402
-from transformers import AutoConfig  # noqa: E402
 
-from atom_core import Config  # noqa: E402
-from atom_core.hosting.hf_config import complete_hf_config  # noqa: E402
 from atom_core.layers.attention import standalone_batch  # noqa: E402
-from atom_core.loader import iter_safetensors  # noqa: E402
-from atom_core.models import get_model_class  # noqa: E402
 from atom_core.testing.hf_classes import hf_reference_model  # noqa: E402
-
-# HF's text-model class -> the VLM architecture whose language model ATOM's class is.
-LANGUAGE_MODELS = {"Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
-                   "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForConditionalGeneration"}
+from atom_core.testing.tiny_vision_language import LANGUAGE_MODEL_OF  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=sorted(LANGUAGE_MODELS))
+@pytest.fixture(scope="module", params=sorted(LANGUAGE_MODEL_OF))
 def model_dir(request, tiny_model_dir) -> str:
     return tiny_model_dir(request.param, random_norms=True)
-
-
-def atom_qwen3_5(model_dir: str):
-    hf_config = AutoConfig.from_pretrained(model_dir)
-    model_cls = get_model_class(LANGUAGE_MODELS[hf_config.architectures[0]])
-    hf_config = complete_hf_config(hf_config, model_cls.hf_defaults)
-    model = model_cls(Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32))
-    model.load_weights(iter_safetensors(model_dir))
-    return model.eval()
 
 
 def test_checkpoint_has_hub_layout(model_dir):
@@ -55,7 +38,7 @@ def test_checkpoint_has_hub_layout(model_dir):
 
 def test_logits_match_hf(model_dir):
     """Four sequences of 1 to 130 tokens, batched, vs HF one at a time."""
-    sequences, logits = atom_batch_logits(atom_qwen3_5(model_dir), [70, 1, 130, 23], seed=1)
+    sequences, logits = atom_batch_logits(atom_model(model_dir), [70, 1, 130, 23], seed=1)
     assert_logits_close(logits, torch.cat(hf_logits(model_dir, sequences)))
 
 
@@ -82,7 +65,7 @@ def test_mrope_positions_match_hf(model_dir):
     lengths = [40, 9]
     ids = [torch.randint(4, 499, (n,), generator=generator) for n in lengths]
     positions = [image_like_positions(40, 5, (4, 6)), torch.arange(9).expand(3, -1)]
-    model = atom_qwen3_5(model_dir)
+    model = atom_model(model_dir)
     with torch.no_grad(), standalone_batch(lengths):
         logits = model.compute_logits(model(torch.cat(ids), torch.cat(positions, dim=1)))
     hf = hf_reference_model(model_dir)
@@ -99,8 +82,8 @@ def test_mrope_positions_match_hf(model_dir):
 def test_tp2_matches_single_rank(model_dir, tmp_path):
     """Two gloo ranks, each with half of every q, k, v, z, b and a section, two of the four
     attention heads, and half of each expert's (and the shared expert's) channels."""
-    ranks = run_tp(2, [model_dir], tmp_path, atom_qwen3_5)
-    assert_tp_matches_single_rank(2, ranks, model_dir, atom_qwen3_5)
+    ranks = run_tp(2, [model_dir], tmp_path, atom_model)
+    assert_tp_matches_single_rank(2, ranks, model_dir, atom_model)
 
 
 def test_contiguous_mrope_sections_match_hf_qwen2_vl():

@@ -44,7 +44,10 @@ CELLS = {
     "Llama, per-tensor FP8, static activations": ("LlamaForCausalLM", "fp8-tensor-static"),
     "Qwen3-MoE, block FP8": ("Qwen3MoeForCausalLM", "fp8-block"),
     "DeepSeek-V3 (MLA), block FP8": ("DeepseekV3ForCausalLM", "fp8-block"),
+    "Qwen3-Next (hybrid), block FP8": ("Qwen3NextForCausalLM", "fp8-block"),
 }
+# Engine settings beside bfloat16: the hybrids' recurrent state in float32, as ATOM's reference keeps it.
+CELL_SETTINGS = {"Qwen3NextForCausalLM": {"mamba_ssm_cache_dtype": "float32"}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -60,8 +63,8 @@ def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
     architecture, form = CELLS[cell]
     model = write_tiny_fp8_checkpoint(tiny_model_dir, architecture, str(tmp_path / "fp8"), form)
     phase = prompts(5, 19, seed=4)
-    with_atom, alone = run_with_and_without_atom(model, [phase], MAX_TOKENS, {"dtype": "bfloat16"},
-                                                 prompt_logprobs=True)
+    settings = {"dtype": "bfloat16", **CELL_SETTINGS.get(architecture, {})}
+    with_atom, alone = run_with_and_without_atom(model, [phase], MAX_TOKENS, settings, prompt_logprobs=True)
     if isinstance(with_atom, VllmRunFailed):
         raise with_atom
     assert_atom_served(with_atom)

@@ -13,10 +13,16 @@ import pytest
 import torch
 from PIL import Image
 from test_vllm_parity import make_prompts, tokens_of
-from vllm_testing import hf_greedy, run_vllm
+from vllm_testing import hf_greedy, run_vllm, worst_prompt_logprob_diff
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
+from atom_core.testing.fp8_checkpoints import (
+    fake_quantized_activations,
+    write_dequantized_checkpoint,
+    write_tiny_fp8_checkpoint,
+)
 from atom_core.testing.hf_classes import hf_reference_model
+from atom_core.testing.reference import atom_logits
 
 pytestmark = pytest.mark.vllm
 
@@ -28,6 +34,8 @@ IMAGES_ONLY = {"limit_mm_per_prompt": {"image": 1, "video": 0}, "mm_processor_ca
 # (height, width) of the test images: 4 x 6 and 2 x 2 merged tokens of the tiny tower.
 IMAGE_SIZES = [(64, 96), (32, 32)]
 QUESTIONS = ["The quick brown fox", "Paged attention stores keys"]
+# How far bfloat16 rounding moves these tiny models' logits (HF's own bf16 run included).
+BF16_LOGIT_ROUNDING = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +75,22 @@ def hf_image_greedy(model: str, prompts: list[dict], max_tokens: int) -> list[li
                               pad_token_id=0)
             outputs.append(out[0, inputs["input_ids"].shape[1]:].tolist())
     return outputs
+
+
+def hf_image_next_logits(dequantized: str, fp8: str, prompts: list[dict]) -> list[torch.Tensor]:
+    """HF's own VLM on the dequantized copy of the FP8 checkpoint ``fp8``, with its activation
+    quantization (fp32): each prompt's next-token logits."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(dequantized)
+    hf = hf_reference_model(dequantized, "AutoModelForImageTextToText")
+    logits = []
+    with torch.no_grad(), fake_quantized_activations(hf, fp8):
+        for prompt in prompts:
+            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
+                               return_tensors="pt")
+            logits.append(hf(**inputs).logits[0, -1])
+    return logits
 
 
 def assert_atom_serves_the_language_model(result, model: str) -> None:
@@ -115,3 +139,26 @@ def test_dense_compiled_with_chunked_prefill_and_prefix_cache(tiny_model_dir, im
 def test_moe_matches_hf(tiny_model_dir, images):
     """Qwen3.5-MoE, eager, vLLM's default scheduling."""
     run_and_check(tiny_model_dir("Qwen3_5MoeForConditionalGeneration", random_norms=True), images, {})
+
+
+def test_block_fp8_moe_checkpoint(tiny_model_dir, images, tmp_path):
+    """Qwen3.5-MoE in block FP8 as published: the language model's projections and experts FP8, its
+    Gated DeltaNet's b / a projections and the vision tower bf16 and listed unquantized. ATOM serves
+    the language model, in bfloat16 (vLLM runs FP8 checkpoints in bf16 only). The text prompts'
+    log-probabilities are ATOM's language model's alone on the same checkpoint, within bf16
+    rounding. The image prompts' first tokens are those of HF's own VLM on the dequantized weights
+    with the same activation quantization (fp32), or, where that reference's top logits lie within
+    bf16 rounding of each other (0.06 apart for one image here), one of those."""
+    model = write_tiny_fp8_checkpoint(tiny_model_dir, "Qwen3_5MoeForConditionalGeneration", str(tmp_path / "fp8"),
+                                      "fp8-block")
+    phase1, _ = make_prompts()
+    with_images = image_prompts(model, images)
+    result = run_vllm(model, [with_images + phase1], MAX_TOKENS, prompt_logprobs=True, llm_kwargs={
+        **IMAGES_ONLY, "dtype": "bfloat16", "mamba_ssm_cache_dtype": "float32"})
+    assert_atom_serves_the_language_model(result, model)
+    outputs = result["phases"][0]
+    text_outputs = outputs[len(with_images):]
+    assert worst_prompt_logprob_diff(text_outputs, phase1, atom_logits(model, torch.bfloat16)) < 0.06
+    dequantized = write_dequantized_checkpoint(model, str(tmp_path / "dequantized"))
+    for output, logits in zip(outputs, hf_image_next_logits(dequantized, model, with_images)):
+        assert logits[output["tokens"][0]] > logits.max() - BF16_LOGIT_ROUNDING

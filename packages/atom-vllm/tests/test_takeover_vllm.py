@@ -27,7 +27,6 @@ from vllm_testing import (
     tokens_of,
 )
 
-from atom_core.hosting.takeover import VISION_LANGUAGE_QUANTIZATION_REASON
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
 from atom_core.testing.hf_classes import hf_reference_model
@@ -174,11 +173,15 @@ def test_decision_for_each_family_from_vllm_config(architecture, tiny_model_dir,
         assert decision.reasons == (() if reason is None else (reason,)), column
 
 
-def test_vision_language_decision_reads_the_text_config(tiny_model_dir):
+def test_vision_language_decision_reads_the_text_config(tiny_model_dir, tmp_path):
     """A vision-language model: ATOM decides on its language model's config (vLLM's hf_text_config)
-    and hands back any quantization, whose config may cover the vision tower too."""
+    with the checkpoint's quantization_config, which sits beside it: a block-FP8 checkpoint is
+    served, online quantization handed back as for text models."""
     model = tiny_model_dir("Qwen3_5ForConditionalGeneration")
-    served = takeover_decision(EngineArgs(model=model, max_model_len=256, **BF16).create_engine_config())
-    assert served.atom_serves
-    quantized = EngineArgs(model=model, max_model_len=256, quantization="fp8", **BF16).create_engine_config()
-    assert takeover_decision(quantized).reasons == (VISION_LANGUAGE_QUANTIZATION_REASON,)
+    for checkpoint, settings, reasons in [
+        (model, {}, ()),
+        (write_block_fp8_checkpoint(model, str(tmp_path / "fp8")), {}, ()),
+        (model, {"quantization": "fp8"}, ("online quantization 'fp8' of an unquantized checkpoint is not supported",)),
+    ]:
+        config = EngineArgs(model=checkpoint, max_model_len=256, **settings, **BF16).create_engine_config()
+        assert takeover_decision(config).reasons == reasons

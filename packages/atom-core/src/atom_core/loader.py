@@ -97,6 +97,15 @@ class WeightMap:
                 return ".".join(parts), rule.shard
         return name, None
 
+    def checkpoint_modules(self, module: str) -> list[str]:
+        """The checkpoint's names of the modules ATOM's ``module`` holds: those a fused layer stacks
+        (``qkv_proj`` -> q/k/v_proj), spelled as the checkpoint spells them (``renamed``)."""
+        head, _, last = module.rpartition(".")
+        parts = [rule.checkpoint for rule in self.stacked if rule.param == last] or [last]
+        original = {atom: checkpoint for checkpoint, atom in self.renamed.items()}
+        names = [f"{head}.{part}" if head else part for part in parts]
+        return [".".join(original.get(piece, piece) for piece in name.split(".")) for name in names]
+
     def to_checkpoint(self, param_name: str, shard: Any) -> str:
         """The checkpoint tensor that fills ``shard`` of ``param_name`` (for error messages)."""
         original = {atom: checkpoint for checkpoint, atom in self.renamed.items()}

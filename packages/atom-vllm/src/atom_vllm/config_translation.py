@@ -5,7 +5,8 @@
 | model                    | model_config.model                                |
 | hf_config, torch_dtype   | model_config.hf_text_config, model_config.dtype   |
 |                          | (the language model's: vLLM's hf_config itself    |
-|                          | for text models, its text_config for VLMs)        |
+|                          | for text models, its text_config for VLMs, with   |
+|                          | the checkpoint's quantization_config)             |
 | max_model_len            | model_config.max_model_len                        |
 | compilation level        | compilation_config.mode (0-3, same numbering), or |
 |                          | additional_config["atom_compilation_level"]       |
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from atom_core.config import CompilationConfig, CompilationLevel, Config
+from atom_core.hosting.hf_config import language_model_config
 from atom_core.hosting.takeover import HostedModel, TakeoverDecision, decide_takeover
 
 
@@ -26,7 +28,7 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
     return HostedModel(
         host="vLLM",
         architecture=architectures[0],
-        hf_config=model_config.hf_text_config,
+        hf_config=language_model_config(model_config.hf_config, model_config.hf_text_config),
         dtype=model_config.dtype,
         quantization=model_config.quantization,
         lora=vllm_config.lora_config is not None,
@@ -51,7 +53,7 @@ def atom_config_from_vllm(vllm_config: Any) -> Config:
     level = additional.get("atom_compilation_level", vllm_config.compilation_config.mode or 0)
     return Config(
         model=model_config.model,
-        hf_config=model_config.hf_text_config,
+        hf_config=language_model_config(model_config.hf_config, model_config.hf_text_config),
         torch_dtype=model_config.dtype,
         max_model_len=model_config.max_model_len,
         compilation_config=CompilationConfig(level=CompilationLevel(int(level))),

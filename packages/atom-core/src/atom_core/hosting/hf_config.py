@@ -27,3 +27,40 @@ def complete_hf_config(hf_config: Any, defaults: dict[str, Any]) -> Any:
     for key, value in missing.items():
         setattr(completed, key, copy.deepcopy(value))
     return completed
+
+
+# Where vision-language checkpoints keep their language model (Qwen3.5: ``model.language_model.*``;
+# Kimi-K2.5: ``language_model.model.*``, ``language_model.lm_head``), and the names the host hands
+# ATOM's language model (``model.*``, ``lm_head``), literal and as ``re:`` patterns start.
+_LANGUAGE_MODEL_PREFIXES = (
+    ("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.", ""),
+    (r"model\.language_model\.", r"model\."), (r"language_model\.model\.", r"model\."), (r"language_model\.", ""),
+)
+# The keys of a quantization_config that name modules left unquantized (fp8, compressed-tensors).
+_UNQUANTIZED_MODULE_KEYS = ("modules_to_not_convert", "ignored_layers", "ignore")
+
+
+def language_model_config(hf_config: Any, text_config: Any) -> Any:
+    """The config ATOM's language model reads: ``text_config`` (a vision-language model's text
+    config, or ``hf_config`` itself for a text model) with the checkpoint's ``quantization_config``,
+    which a vision-language checkpoint keeps beside its ``text_config``, its module names renamed
+    to those of the language model. A copy when anything changes; the host's config is untouched."""
+    quantization = getattr(hf_config, "quantization_config", None)
+    if text_config is hf_config or quantization is None:
+        return text_config
+    quantization = copy.deepcopy(dict(quantization))
+    for key in _UNQUANTIZED_MODULE_KEYS:
+        if quantization.get(key):
+            quantization[key] = [_language_model_name(name) for name in quantization[key]]
+    config = copy.copy(text_config)
+    config.quantization_config = quantization
+    return config
+
+
+def _language_model_name(name: str) -> str:
+    body = name[3:] if name.startswith("re:") else name
+    for checkpoint, language_model in _LANGUAGE_MODEL_PREFIXES:
+        if body.startswith(checkpoint):
+            body = language_model + body[len(checkpoint):]
+            break
+    return f"re:{body}" if name.startswith("re:") else body

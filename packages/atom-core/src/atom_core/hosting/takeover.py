@@ -88,14 +88,7 @@ MXFP4_OPT_IN_REASON = ("MXFP4 experts are left to the host until ATOM's MXFP4 Mo
                        "(ATOM_SERVE_MXFP4=1 serves them with ATOM)")
 
 
-# A vision-language checkpoint's quantization_config sits beside its text_config, and may cover the
-# vision tower; ATOM reads the language model's config alone so far.
-VISION_LANGUAGE_QUANTIZATION_REASON = "quantized vision-language checkpoints are not supported yet"
-
-
 def _quantization(model: HostedModel) -> str | None:
-    if model.quantization is not None and SUPPORTED_ARCHITECTURES[model.architecture].vision_language:
-        return VISION_LANGUAGE_QUANTIZATION_REASON
     try:
         checkpoint = quant_config_from_hf(model.hf_config)
     except UnsupportedQuantization as exc:

@@ -47,7 +47,7 @@ import atom_kernels
 from atom_core.distributed import divide, get_tp_group
 from atom_core.layers.linear import ReplicatedLinear, copy_checked, default_weight_loader, make_param
 from atom_core.layers.mlp import GatedMLP
-from atom_core.quantization import Mxfp4Scheme, layer_scheme
+from atom_core.quantization import Mxfp4Scheme, layer_scheme, quantized_layers
 from atom_core.quantization.fp8 import FP8_DTYPE
 
 PER_EXPERT = "per_expert"
@@ -384,7 +384,10 @@ class SparseMoeBlock(nn.Module):
             shared = GatedMLP(hidden_size, spec.shared_intermediate_size, f"{prefix}.shared_experts",
                               bias=spec.shared_bias)
         if spec.shared_gate:
-            shared_gate = ReplicatedLinear(hidden_size, 1, prefix=f"{prefix}.shared_expert_gate")
+            # One logit per token, shipped unquantized: vLLM builds it unquantized whatever the
+            # checkpoint's list of unquantized modules says, and so does ATOM.
+            with quantized_layers(None):
+                shared_gate = ReplicatedLinear(hidden_size, 1, prefix=f"{prefix}.shared_expert_gate")
         return cls(gate, experts, shared, shared_gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -182,10 +182,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.decoder = DecoderSpec.from_hf(config.hf_config, self.zero_centred_norms)
-        fused: dict[str, list[str]] = {}
-        for rule in self.WEIGHT_MAP.stacked:
-            fused.setdefault(rule.param, []).append(rule.checkpoint)
-        with quantized_layers(quant_config_from_hf(config.hf_config), fused):
+        with quantized_layers(quant_config_from_hf(config.hf_config), self.WEIGHT_MAP.checkpoint_modules):
             self.model = DecoderModel(config, self.decoder, self.make_layer,
                                       join_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(self.decoder.vocab_size, self.decoder.hidden_size,

@@ -6,20 +6,22 @@ layers are unquantized."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from atom_core.quantization.scheme import Fp8Scheme, Mxfp4Scheme, QuantConfig
 
-_active: tuple[QuantConfig, Mapping[str, Sequence[str]]] | None = None
+CheckpointModules = Callable[[str], Sequence[str]]
+_active: tuple[QuantConfig, CheckpointModules | None] | None = None
 
 
 @contextlib.contextmanager
-def quantized_layers(config: QuantConfig | None, fused: Mapping[str, Sequence[str]]) -> Iterator[None]:
-    """Layers built inside get ``config``'s scheme (None: unquantized). ``fused``: each fused layer
-    name -> the checkpoint modules it stacks (``qkv_proj`` -> q/k/v_proj), for the config's
-    unquantized-module list."""
+def quantized_layers(config: QuantConfig | None,
+                     checkpoint_modules: CheckpointModules | None = None) -> Iterator[None]:
+    """Layers built inside get ``config``'s scheme (None: unquantized). ``checkpoint_modules``: the
+    checkpoint's names of the modules an ATOM layer holds (atom_core.loader.WeightMap), which the
+    config's unquantized-module list names."""
     global _active
-    previous, _active = _active, (None if config is None else (config, fused))
+    previous, _active = _active, (None if config is None else (config, checkpoint_modules))
     try:
         yield
     finally:
@@ -31,5 +33,5 @@ def layer_scheme(prefix: str, experts: bool = False) -> Fp8Scheme | Mxfp4Scheme 
     the layer is a fused MoE experts layer, the only kind an MXFP4 config quantizes."""
     if _active is None:
         return None
-    config, fused = _active
-    return config.scheme_for(prefix, fused, experts)
+    config, checkpoint_modules = _active
+    return config.scheme_for(prefix, checkpoint_modules, experts)

@@ -27,7 +27,7 @@ for GPT-OSS's stacked experts only (atom_core.hosting.takeover); activations sta
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,17 +88,15 @@ class QuantConfig:
                 return True
         return False
 
-    def scheme_for(self, module: str, fused: Mapping[str, Sequence[str]] = {},
+    def scheme_for(self, module: str, checkpoint_modules: Callable[[str], Sequence[str]] | None = None,
                    experts: bool = False) -> Fp8Scheme | Mxfp4Scheme | None:
-        """The scheme of the layer named ``module`` (``experts``: a fused MoE experts layer), or
-        None where the config leaves it unquantized. A layer ATOM fuses (``fused``: its last name
-        part -> the checkpoint modules it stacks, e.g. ``qkv_proj`` -> q/k/v_proj) is quantized
-        only if all its parts are."""
+        """The scheme of ATOM's layer named ``module`` (``experts``: a fused MoE experts layer), or
+        None where the config leaves it unquantized. ``checkpoint_modules`` gives the checkpoint's
+        names of the modules the layer holds (a fused ``qkv_proj``: q/k/v_proj; default: its own
+        name), which the config's list names; a fused layer is quantized only if all its parts are."""
         if self.experts_only and not experts:
             return None
-        head, _, last = module.rpartition(".")
-        parts = fused.get(last)
-        names = [f"{head}.{part}" if head else part for part in parts] if parts else [module]
+        names = list(checkpoint_modules(module)) if checkpoint_modules else [module]
         skipped = {self._left_unquantized(name) for name in names}
         if len(skipped) > 1:
             raise UnsupportedQuantization(

@@ -39,19 +39,33 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
-# Projection weights of the decoder layers, experts' included; routers are ``mlp.gate.weight``.
-QUANTIZED_WEIGHT = re.compile(r"^model\.layers\.\d+\..*_proj(_with_mqa)?\.weight$")
+# Projection weights of the decoder layers (a vision-language model's under ``language_model``),
+# experts' and the Gated DeltaNet's input projections included; routers are ``mlp.gate.weight``.
+QUANTIZED_WEIGHT = re.compile(
+    r"^model\.(language_model\.)?layers\.\d+\..*(_proj(_with_mqa)?|\.in_proj_(qkvz|qkv|z))\.weight$")
+# Modules the published checkpoints keep in bfloat16 and list in ``modules_to_not_convert``: the
+# Gated DeltaNet's b / a projections (Qwen3-Next's fused ``in_proj_ba``; Qwen3.5's split ones) and a
+# vision-language model's vision tower, module by module.
+PUBLISHED_UNQUANTIZED = re.compile(r"^model\.(visual\..*|.*\.linear_attn\.in_proj_(ba|b|a))$")
 # Tiny test models in FP8: blocks of 32 (the fused MoE's smallest), and sizes that are multiples of
 # them wherever activations are quantized in groups (every GEMM's K) or experts are blocked.
 TINY_BLOCK = 32
 _TINY_SIZES = dict(hidden_size=128, intermediate_size=128)
 _TINY_MOE_SIZES = dict(_TINY_SIZES, moe_intermediate_size=64)
+# Gated DeltaNet heads of 32, as vLLM's CPU kernels need to run the hybrids themselves.
+_GDN_HEADS_OF_32 = dict(linear_key_head_dim=32, linear_value_head_dim=32)
 TINY_FP8_OVERRIDES = {
     "Qwen3ForCausalLM": _TINY_SIZES,
     "LlamaForCausalLM": _TINY_SIZES,
     "Qwen3MoeForCausalLM": _TINY_MOE_SIZES,
     "DeepseekV3ForCausalLM": dict(_TINY_MOE_SIZES, q_lora_rank=64, v_head_dim=32),
+    "Qwen3NextForCausalLM": dict(_TINY_MOE_SIZES, shared_expert_intermediate_size=64, **_GDN_HEADS_OF_32),
+    "Qwen3_5ForCausalLM": dict(_TINY_SIZES, **_GDN_HEADS_OF_32),
+    "Qwen3_5MoeForCausalLM": dict(_TINY_MOE_SIZES, shared_expert_intermediate_size=64, **_GDN_HEADS_OF_32),
 }
+# The vision-language models' language models: those of their text-only classes.
+TINY_FP8_OVERRIDES["Qwen3_5ForConditionalGeneration"] = TINY_FP8_OVERRIDES["Qwen3_5ForCausalLM"]
+TINY_FP8_OVERRIDES["Qwen3_5MoeForConditionalGeneration"] = TINY_FP8_OVERRIDES["Qwen3_5MoeForCausalLM"]
 FORMS = ("fp8-block", "fp8-tensor", "fp8-tensor-static", "ct-channel", "ct-tensor-static", "ct-block")
 
 
@@ -139,14 +153,18 @@ def write_fp8_checkpoint(src_dir: str, out_dir: str, form: str = "fp8-block", bl
                          unquantized: tuple[str, ...] = ()) -> str:
     """Copy the checkpoint at ``src_dir`` (one ``model.safetensors``, tokenizer, configs) to
     ``out_dir`` in FP8 ``form`` (:data:`FORMS`) and return ``out_dir``. ``unquantized``: module
-    names the config lists as left unquantized (their weights stay bfloat16)."""
+    names the config lists as left unquantized (their weights stay bfloat16), beside those the
+    published checkpoints list (:data:`PUBLISHED_UNQUANTIZED`)."""
     if form not in FORMS:
         raise ValueError(f"unknown FP8 form {form!r}; known: {FORMS}")
     shutil.copytree(src_dir, out_dir, dirs_exist_ok=True)
     static = form.endswith("static")
     input_scales = calibrate_input_scales(src_dir) if static else {}
+    source = load_file(os.path.join(src_dir, "model.safetensors"))
+    unquantized = (*unquantized, *sorted({name.rsplit(".", 1)[0] for name in source
+                                          if PUBLISHED_UNQUANTIZED.match(name.rsplit(".", 1)[0])}))
     tensors = {}
-    for name, tensor in load_file(os.path.join(src_dir, "model.safetensors")).items():
+    for name, tensor in source.items():
         module = name[: -len(".weight")]
         if QUANTIZED_WEIGHT.match(name) and tensor.dim() == 2 and module not in unquantized:
             tensors.update(_quantize(form, name, tensor, block))

@@ -28,11 +28,13 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list
 def atom_logits(model_dir: str, dtype: torch.dtype = torch.float32):
     """ATOM's model alone (torch kernels, no host engine) in ``dtype``: a function from one
     sequence's token ids to its logits [len, vocab]. The reference for checkpoints HF transformers
-    cannot run the way ATOM does (FP8 experts)."""
+    cannot run the way ATOM does (FP8 experts). Of a vision-language checkpoint, its language model
+    on text."""
     from transformers import AutoConfig
 
     from atom_core import Config
     from atom_core.hosting.build import build_atom_model
+    from atom_core.hosting.hf_config import language_model_config
     from atom_core.layers.attention import standalone_batch
     from atom_core.loader import iter_safetensors
 
@@ -40,17 +42,28 @@ def atom_logits(model_dir: str, dtype: torch.dtype = torch.float32):
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        config = Config(model=model_dir, hf_config=hf_config, torch_dtype=dtype)
+        text_config = language_model_config(hf_config, hf_config.get_text_config())
+        config = Config(model=model_dir, hf_config=text_config, torch_dtype=dtype)
         model = build_atom_model(config, hf_config.architectures[0], "a reference run")
     finally:
         torch.set_default_dtype(default_dtype)
-    model.load_weights(iter_safetensors(model_dir))
+    model.load_weights(language_model_weights(iter_safetensors(model_dir)))
 
     def logits(tokens: list[int]) -> torch.Tensor:
         with torch.no_grad(), standalone_batch([len(tokens)]):
             return model.compute_logits(model(torch.tensor(tokens), torch.arange(len(tokens)))).float()
 
     return logits
+
+
+def language_model_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors as a host hands them to ATOM's language model: a vision-language
+    checkpoint's ``model.language_model.*`` as ``model.*``, its vision tower left out (a text
+    checkpoint's unchanged)."""
+    for name, tensor in weights:
+        if name.startswith("model.visual."):
+            continue
+        yield name.replace("model.language_model.", "model.", 1), tensor
 
 
 def atom_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int,

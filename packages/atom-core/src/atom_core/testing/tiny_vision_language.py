@@ -45,6 +45,10 @@ TINY_VISION_LANGUAGE: dict[str, TinyVisionLanguage] = {
         "Qwen3_5MoeForCausalLM", "qwen3_5_moe", QWEN_VISION, VISION_TOKENS, QWEN_TOKEN_ID_KEYS),
 }
 
+# HF's text-only class of each family -> the vision-language architecture whose language model
+# ATOM's class is (tests build the text-only checkpoints and run ATOM's language model on them).
+LANGUAGE_MODEL_OF = {spec.text_architecture: architecture for architecture, spec in TINY_VISION_LANGUAGE.items()}
+
 # The processor's pixel budget: images resize to between 2 x 2 and 8 x 8 merged tokens.
 MIN_PIXELS, MAX_PIXELS = (2 * PATCH * MERGE) ** 2, (8 * PATCH * MERGE) ** 2
 CHAT_TEMPLATE = (
@@ -56,28 +60,32 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_vision_language_config(architecture: str):
+def tiny_vision_language_config(architecture: str, **text_overrides: Any):
+    """The tiny composite config; ``text_overrides`` change the language model's tiny config (the
+    vision tower's output width follows its hidden size)."""
     from atom_core.testing.hf_classes import transformers_config_class
 
     spec = TINY_VISION_LANGUAGE[architecture]
-    text = tiny_hf_config(spec.text_architecture, vocab_size=VOCAB_SIZE + len(spec.vision_tokens))
+    text = tiny_hf_config(spec.text_architecture, vocab_size=VOCAB_SIZE + len(spec.vision_tokens), **text_overrides)
     ids = {key: VOCAB_SIZE + i for i, key in enumerate(spec.token_id_keys)}
     text_dict = text.to_dict()
     text_dict.pop("architectures", None)
-    config = transformers_config_class(spec.model_type)(text_config=text_dict, vision_config=spec.vision_config,
+    vision = dict(spec.vision_config, out_hidden_size=text.hidden_size)
+    config = transformers_config_class(spec.model_type)(text_config=text_dict, vision_config=vision,
                                                           tie_word_embeddings=False, **ids)
     config.architectures = [architecture]
     return config
 
 
 def build_tiny_vision_language_model(architecture: str, out_dir: str, seed: int = 0, std: float = 0.1,
-                                     random_norms: bool = False) -> str:
+                                     random_norms: bool = False, **text_overrides: Any) -> str:
     """Write a tiny random ``architecture`` checkpoint with its tokenizer and processor to
-    ``out_dir`` (fp32) and return the path; ``random_norms`` as in build_tiny_model."""
+    ``out_dir`` (fp32) and return the path; ``random_norms`` as in build_tiny_model,
+    ``text_overrides`` as in :func:`tiny_vision_language_config`."""
     from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     spec = TINY_VISION_LANGUAGE[architecture]
-    config = tiny_vision_language_config(architecture)
+    config = tiny_vision_language_config(architecture, **text_overrides)
     config.text_config.initializer_range = std
     config.vision_config.initializer_range = std
     torch.manual_seed(seed)
