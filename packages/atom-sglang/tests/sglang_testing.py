@@ -56,13 +56,26 @@ def run_parallel(commands: list[tuple[list[str], dict[str, str]]], timeout: int,
     return outputs
 
 
+# SGLang takes each engine's distributed-init port from the OS (bind to port 0, release, bind again
+# at start-up), so engines started at once can race for one port (EADDRINUSE, seen once in a fresh
+# clone's run). Each run gets its own instead, below Linux's ephemeral range, which the OS never
+# hands out that way.
+NCCL_PORT_BASE = 21000
+
+
+def with_own_nccl_ports(job: int, runs: list[dict]) -> list[dict]:
+    return [{**run, "engine_kwargs": {"nccl_port": NCCL_PORT_BASE + 100 * job + i, **run.get("engine_kwargs", {})}}
+            for i, run in enumerate(runs)]
+
+
 def run_sglang(*jobs: tuple[list[dict], dict[str, str]], timeout: int = 900,
                cpu_engine: bool = True) -> list[list[dict]]:
     """Run each job ``(runs, env overrides)`` (runs as in sglang_runner.py) in its own fresh process,
     all at once. Per job, one result per run, each with the log lines its engine produced under
     ``"log"``: those of its start-up under ``"startup_log"``, those while serving the requests under
     ``"serving_log"``."""
-    commands = [([sys.executable, RUNNER, json.dumps({"runs": runs})], env) for runs, env in jobs]
+    commands = [([sys.executable, RUNNER, json.dumps({"runs": with_own_nccl_ports(job, runs)})], env)
+                for job, (runs, env) in enumerate(jobs)]
     all_results = []
     for (runs, _), (returncode, stdout, stderr) in zip(jobs, run_parallel(commands, timeout, cpu_engine)):
         results = [json.loads(line[len(RESULT_MARKER):]) for line in stdout.splitlines()
