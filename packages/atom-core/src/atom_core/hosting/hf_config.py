@@ -11,6 +11,7 @@ to a copy of the config, once, at the model boundary.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 
@@ -31,11 +32,9 @@ def complete_hf_config(hf_config: Any, defaults: dict[str, Any]) -> Any:
 
 # Where vision-language checkpoints keep their language model (Qwen3.5: ``model.language_model.*``;
 # Kimi-K2.5: ``language_model.model.*``, ``language_model.lm_head``), and the names the host hands
-# ATOM's language model (``model.*``, ``lm_head``), literal and as ``re:`` patterns start.
-_LANGUAGE_MODEL_PREFIXES = (
-    ("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.", ""),
-    (r"model\.language_model\.", r"model\."), (r"language_model\.model\.", r"model\."), (r"language_model\.", ""),
-)
+# ATOM's language model (``model.*``, ``lm_head``).
+_LANGUAGE_MODEL_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                            ("language_model.", ""))
 # The keys of a quantization_config that name modules left unquantized (fp8, compressed-tensors).
 _UNQUANTIZED_MODULE_KEYS = ("modules_to_not_convert", "ignored_layers", "ignore")
 
@@ -51,16 +50,27 @@ def language_model_config(hf_config: Any, text_config: Any) -> Any:
     quantization = copy.deepcopy(dict(quantization))
     for key in _UNQUANTIZED_MODULE_KEYS:
         if quantization.get(key):
-            quantization[key] = [_language_model_name(name) for name in quantization[key]]
+            quantization[key] = [_listed_language_model_name(name) for name in quantization[key]]
     config = copy.copy(text_config)
     config.quantization_config = quantization
     return config
 
 
-def _language_model_name(name: str) -> str:
-    body = name[3:] if name.startswith("re:") else name
+def language_model_name(name: str) -> str:
+    """A vision-language checkpoint's name of a language-model module or tensor as the host hands it
+    to ATOM's language model (other names unchanged)."""
     for checkpoint, language_model in _LANGUAGE_MODEL_PREFIXES:
-        if body.startswith(checkpoint):
-            body = language_model + body[len(checkpoint):]
-            break
-    return f"re:{body}" if name.startswith("re:") else body
+        if name.startswith(checkpoint):
+            return language_model + name[len(checkpoint):]
+    return name
+
+
+def _listed_language_model_name(entry: str) -> str:
+    """:func:`language_model_name` of an unquantized-module entry, a ``re:`` pattern's leading
+    prefix included."""
+    if not entry.startswith("re:"):
+        return language_model_name(entry)
+    for checkpoint, language_model in _LANGUAGE_MODEL_PREFIXES:
+        if entry[3:].startswith(re.escape(checkpoint)):
+            return "re:" + re.escape(language_model) + entry[3 + len(re.escape(checkpoint)):]
+    return entry

@@ -60,10 +60,11 @@ def language_model_weights(weights: Iterator[tuple[str, torch.Tensor]]) -> Itera
     """A checkpoint's tensors as a host hands them to ATOM's language model: a vision-language
     checkpoint's ``model.language_model.*`` as ``model.*``, its vision tower left out (a text
     checkpoint's unchanged)."""
+    from atom_core.hosting.hf_config import language_model_name
+
     for name, tensor in weights:
-        if name.startswith("model.visual."):
-            continue
-        yield name.replace("model.language_model.", "model.", 1), tensor
+        if not name.startswith("model.visual."):
+            yield language_model_name(name), tensor
 
 
 def atom_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int,
