@@ -4,12 +4,13 @@
         [--models M,...]   # MoE ops: only these models
     python benchmarks/kernels/tune_kernels.py --dry-run [--ops ...]   # the plan; needs no GPU
 
-* fused MoE, ``moe`` (bf16 experts of Qwen3-30B-A3B, DeepSeek-V2-Lite and DeepSeek-V3) and ``moe_fp8`` (block-FP8
-  experts of Qwen3-30B-A3B-FP8 and DeepSeek-V3 at TP 1: fp8 weights with an fp32 scale per 128 x 128
-  block, bf16 activations quantized per token and 128 channels): per token count, every row-block
-  size BLOCK_M and, for each of the two GEMMs (gate_up with the activation, down), every tile
-  candidate; the BLOCK_M whose two best GEMMs sum lowest wins. ``moe_mxfp4``: the MXFP4 experts of
-  gpt-oss-20b and gpt-oss-120b (uint8 weights, two e2m1 values a byte, an e8m0 scale per 32 values).
+* fused MoE, ``moe`` (bf16 experts of Qwen3-30B-A3B, DeepSeek-V2-Lite, DeepSeek-V3 and
+  Qwen3-Next-80B-A3B) and ``moe_fp8`` (block-FP8 experts of Qwen3-30B-A3B-FP8 and DeepSeek-V3 at TP 1:
+  fp8 weights with an fp32 scale per 128 x 128 block, bf16 activations quantized per token and 128
+  channels): per token count, every row-block size BLOCK_M and, for each of the two GEMMs (gate_up with
+  the activation, down), every tile candidate; the BLOCK_M whose two best GEMMs sum lowest wins.
+  ``moe_mxfp4``: the MXFP4 experts of gpt-oss-20b and gpt-oss-120b (uint8 weights, two e2m1 values a
+  byte, an e8m0 scale per 32 values).
 * attention (Qwen3-8B and Qwen3-30B-A3B heads): prefill (varlen, 16 x 1024 tokens) and extend
   (paged: 4 chunked-prefill extends of 512 new tokens over 2048 cached), every
   candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages. Only the prefill picks go into the table;
@@ -50,6 +51,7 @@ MOE_MODELS = {  # experts, top_k, hidden, intermediate (as in bench_kernels.MODE
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "deepseek-v2-lite": (64, 6, 2048, 1408),
     "deepseek-v3": (256, 8, 7168, 2048),  # TP 1: 21 GiB of bf16 experts on the GPU
+    "qwen3-next-80b-a3b": (512, 10, 2048, 512),
 }
 MOE_TOKENS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 FP8_BLOCK = 128  # the scale block of both weights, and the activations' channel group
