@@ -70,8 +70,11 @@ for step in $steps; do
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # ATOM serves hybrid linear-attention models on GPUs only when asked (atom_core.envs.serve_hybrid_on_gpu).
+    # vLLM 0.26 alone picks FlashInfer's SM90 Gated DeltaNet prefill, whose CuTe-DSL kernel is missing
+    # from some installs ("SM90 GDN prefill DSL kernel is unavailable"): both engines get vLLM's Triton
+    # (FLA) prefill, which ATOM's model does not use.
     hybrid-offline) ATOM_SERVE_HYBRID_ON_GPU=1 python3 "$here/e2e/bench_offline.py" --out "$out/offline-hybrid.json" \
-                      qwen3-next-80b-a3b-16l ;;
+                      --extra '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' qwen3-next-80b-a3b-16l ;;
     fp8-gemm) python3 "$here/kernels/bench_fp8_gemm.py" --out "$out/fp8-gemm.json" ;;
     fp8-fusion) python3 "$here/kernels/bench_fp8_fusion.py" --out "$out/fp8-fusion.json" ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -151,6 +151,11 @@ def weights_cell(entry: dict) -> str:
     return f"{entry['weights']} {entry['native'].get('weights_from', 'dummy')}"
 
 
+def logprob_cell(diff: float | None) -> str:
+    """The largest first-step logprob difference; none where no prompt's top 20 shared a token."""
+    return "no common top-20 token" if diff is None else f"{diff:.1e}"
+
+
 def markdown(report: dict) -> str:
     engine = report["engine"]
     lines = [f"# Offline throughput on {report['device']} ({ENGINES[engine].name} {report[engine]}, "
@@ -170,7 +175,7 @@ def markdown(report: dict) -> str:
             f"| {name} | {weights_cell(entry)} | {memory} | {entry['native']['throughput']['output_tok_s']:.0f} | "
             f"{entry['atom']['throughput']['output_tok_s']:.0f} | {entry['ratio']['output_tok_s']:.2f} | "
             f"{agreement['identical_sequences']}/{agreement['prompts']} x {agreement['tokens_per_prompt']} tokens | "
-            f"{agreement['first_step_top20_logprob_max_abs_diff']:.1e} |")
+            f"{logprob_cell(agreement['first_step_top20_logprob_max_abs_diff'])} |")
     lines += ["", "Served by:", "", *served_by_lines(report)]
     return "\n".join(lines) + "\n"
 

@@ -61,7 +61,7 @@ def main() -> None:
     start = time.perf_counter()
     llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0,
-              gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype)
+              gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype, **dict(args.engine_arg))
     result = run_header(args, "vllm", os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1",
                         time.perf_counter() - start, llm.apply_model(describe_served_model)[0])
 

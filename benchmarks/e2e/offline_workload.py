@@ -32,6 +32,17 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--throughput", default="256,1024,128", help="prompts,in,out ('' to skip)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-dtype", default="auto", help="the engine's kv_cache_dtype")
+    parser.add_argument("--engine-arg", action="append", default=[], type=engine_arg, metavar="KEY=VALUE",
+                        help="a further argument of the engine (vLLM's LLM, sglang.Engine), repeatable; the "
+                             "value is read as JSON where it parses: additional_config={\"k\":\"v\"}")
+
+
+def engine_arg(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:

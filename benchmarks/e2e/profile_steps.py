@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from offline_workload import random_prompts  # noqa: E402
+from offline_workload import engine_arg, random_prompts  # noqa: E402
 
 from atom_vllm.served_by import describe_served_model  # noqa: E402
 
@@ -103,6 +103,8 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--workload-prompts", type=int, default=0, help="0 skips the workload window")
     parser.add_argument("--kv-cache-dtype", default="auto", help="LLM(kv_cache_dtype=...)")
+    parser.add_argument("--engine-arg", action="append", default=[], type=engine_arg, metavar="KEY=VALUE",
+                        help="a further LLM argument (repeatable), as engine_run.py's")
     args = parser.parse_args()
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("set VLLM_ENABLE_V1_MULTIPROCESSING=0: the profiler must see the engine core")
@@ -116,7 +118,8 @@ def main() -> None:
         shutil.copy(args.config, os.path.join(model_dir, "config.json"))
     vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
     llm = LLM(model=model_dir, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=2048, seed=0, gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype)
+              max_model_len=2048, seed=0, gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype,
+              **dict(args.engine_arg))
     engine = llm.llm_engine
     result = {"config": os.path.basename(args.config or args.checkpoint), "kv_cache_dtype": args.kv_cache_dtype,
               "served_by": llm.apply_model(describe_served_model)[0],

@@ -22,7 +22,6 @@ device memory loading the weights took; on CPU, a difference of free system memo
 """
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -44,14 +43,6 @@ from atom_sglang.served_by import describe_served_model
 TOP_LOGPROBS = 20
 
 
-def engine_arg(text: str) -> tuple[str, object]:
-    key, _, value = text.partition("=")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
 def copy_stderr() -> str:
     """From now on, what this process and the processes it starts write to stderr also goes to a file,
     whose path is returned. ``tee`` does the copying rather than a thread here, so that a traceback
@@ -67,8 +58,6 @@ def copy_stderr() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_workload_arguments(parser)
-    parser.add_argument("--engine-arg", action="append", default=[], type=engine_arg, metavar="KEY=VALUE",
-                        help="a further sglang.Engine argument (repeatable), e.g. device=cpu")
     args = parser.parse_args()
     log_path = copy_stderr()
 

@@ -30,6 +30,10 @@ CHUNKED = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
 # vLLM's CPU Gated DeltaNet: bfloat16 only, head sizes a multiple of 32, fp32 recurrent state.
 VLLM_CPU_GDN = {"linear_key_head_dim": 32, "linear_value_head_dim": 32}
 BF16 = {"dtype": "bfloat16", "mamba_ssm_cache_dtype": "float32"}
+# Two engines side by side on one GPU share its memory; vLLM alone's default SM90 prefill (FlashInfer's
+# CuTe-DSL Gated DeltaNet kernel) is missing from some installs, its Triton (FLA) prefill is not.
+SIDE_BY_SIDE_ON_GPU = ({"gpu_memory_utilization": 0.4, "additional_config": {"gdn_prefill_backend": "triton"}}
+                       if torch.cuda.is_available() else {})
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +138,7 @@ def test_bf16_as_close_to_hf_as_vllm_alone(tiny_model_dir, prompts):
     flip within bf16 rounding, for HF's own bf16 run as well.)"""
     model = tiny_model_dir(ARCHITECTURE, random_norms=True, **VLLM_CPU_GDN)
     phase1, _ = prompts
-    with_atom, alone = run_with_and_without_atom(model, [phase1], 2, {**BF16, **CHUNKED},
+    with_atom, alone = run_with_and_without_atom(model, [phase1], 2, {**BF16, **CHUNKED, **SIDE_BY_SIDE_ON_GPU},
                                                  prompt_logprobs=True)
     assert_atom_serves_the_state(with_atom)
     assert alone["served_by"]["model_class"] == "vllm.model_executor.models.qwen3_next.Qwen3NextForCausalLM"
