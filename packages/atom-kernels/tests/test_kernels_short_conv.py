@@ -60,6 +60,35 @@ def test_causal_conv1d_decode_triton_matches_torch(dtype):
     assert_close(state, expected_state, dtype)
 
 
+@pytest.mark.parametrize("op", ["causal_conv1d", "causal_conv1d_decode"])
+def test_state_slots_read_and_write_rows_of_a_cache(op):
+    """With ``state_slots`` each sequence's conv state is a row of a host's cache whose rows lie
+    further apart than one state (vLLM's pages also hold the recurrent state): the Triton kernel
+    equals the reference, and rows of no sequence keep their bytes (the page tails too)."""
+    prefill = op == "causal_conv1d"
+    lengths = LENGTHS if prefill else [1] * 4
+    x, weight, bias = conv_inputs(lengths, torch.float32, with_bias=False)
+    slots = torch.tensor([5, 0, 3, 6], dtype=torch.int32, device=DEVICE)
+    state_size = CHANNELS * (KERNEL_SIZE - 1)
+    pages = rand(8, state_size + 13)
+    expected_pages = pages.clone()
+
+    def rows(p):
+        return p[:, :state_size].unflatten(1, (CHANNELS, KERNEL_SIZE - 1))
+
+    lengths_args = (cu_seqlens(lengths),) if prefill else ()
+    initial_args = (torch.tensor(HAS_INITIAL, device=DEVICE),) if prefill else ()
+    expected = impl(op, "torch")(x, weight, bias, *lengths_args, rows(expected_pages), *initial_args,
+                                 "silu", slots)
+    out = impl(op, "triton")(x, weight, bias, *lengths_args, rows(pages), *initial_args, "silu", slots)
+    assert_close(out, expected, torch.float32)
+    assert_close(pages, expected_pages, torch.float32)
+    untouched = torch.ones(8, dtype=torch.bool, device=DEVICE)
+    untouched[slots.long()] = False
+    assert torch.equal(pages[untouched], expected_pages[untouched])
+    assert torch.equal(pages[:, state_size:], expected_pages[:, state_size:])
+
+
 def test_causal_conv1d_torch_matches_hf():
     """Fresh sequences against HF's causal_conv1d_fn, continued ones against causal_conv1d_update
     (channels-first [batch, C, L], the state updated in place)."""

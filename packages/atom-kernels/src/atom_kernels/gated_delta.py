@@ -10,9 +10,11 @@ with ``q_t`` and ``k_t`` L2-normalised (``use_qk_l2norm``, eps 1e-6 inside the r
 have it) and ``q_t`` scaled by ``1 / sqrt(K)``; all of it in fp32, as HF's
 ``torch_recurrent_gated_delta_rule`` and ``torch_chunk_gated_delta_rule`` compute it.
 Shapes: ``q``, ``k`` [T, HK, K]; ``v`` [T, HV, V]; ``g`` (log decay, <= 0) and ``beta`` [T, HV];
-value head ``h`` reads query/key head ``h // (HV // HK)``. ``state`` [N, HV, K, V] holds one state
-per sequence; the ops read it (where ``has_initial_state`` says so, zeros otherwise) and overwrite it
-with the final state. The output has ``q``'s dtype.
+value head ``h`` reads query/key head ``h // (HV // HK)``. ``state`` holds one [HV, K, V] state per
+sequence: row ``i`` for sequence ``i`` ([N, HV, K, V]), or, with ``state_slots`` [N], row
+``state_slots[i]`` of a host's state cache ([slots, HV, K, V], rows at any stride, any float dtype).
+The ops read it (where ``has_initial_state`` says so, zeros otherwise) and overwrite it with the
+final state. The output has ``q``'s dtype.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from atom_kernels.triton_utils import (
     check_same_device,
     check_shape,
     check_state_seqs,
+    locate_block,
     next_pow2,
 )
 
@@ -45,9 +48,11 @@ def gated_delta_rule(
     state: torch.Tensor,
     has_initial_state: torch.Tensor,
     use_qk_l2norm: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Prefill/extend over packed sequences (``cu_seqlens`` [N + 1]): -> o [T, HV, V]; ``state``
-    [N, HV, K, V] is read where ``has_initial_state`` [N] and overwritten with the final state."""
+    """Prefill/extend over packed sequences (``cu_seqlens`` [N + 1]): -> o [T, HV, V]; sequence
+    ``i``'s state (row ``i`` of ``state``, or row ``state_slots[i]``) is read where
+    ``has_initial_state`` [N] and overwritten with the final state."""
 
 
 @define_op
@@ -59,9 +64,10 @@ def gated_delta_rule_decode(
     beta: torch.Tensor,
     state: torch.Tensor,
     use_qk_l2norm: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode: one token per sequence (``q`` [N, HK, K], ...) -> o [N, HV, V]; one recurrent step
-    of ``state`` [N, HV, K, V], in place."""
+    of each sequence's state (row ``i`` of ``state``, or row ``state_slots[i]``), in place."""
 
 
 def _check_args(
@@ -73,6 +79,7 @@ def _check_args(
     beta: torch.Tensor,
     state: torch.Tensor,
     num_seqs: int,
+    state_slots: torch.Tensor | None,
 ) -> None:
     if q.dim() != 3 or v.dim() != 3:
         raise ValueError(
@@ -87,8 +94,13 @@ def _check_args(
     check_shape(op, "v", v, (num_tokens, num_v_heads, head_v_dim))
     check_shape(op, "g", g, (num_tokens, num_v_heads))
     check_shape(op, "beta", beta, (num_tokens, num_v_heads))
-    check_shape(op, "state", state, (num_seqs, num_v_heads, head_k_dim, head_v_dim))
-    check_same_device(q=q, k=k, v=v, g=g, beta=beta, state=state)
+    state_rows = num_seqs if state_slots is None else state.shape[0]
+    check_shape(op, "state", state, (state_rows, num_v_heads, head_k_dim, head_v_dim))
+    if state_slots is not None:
+        check_shape(op, "state_slots", state_slots, (num_seqs,))
+        if state_slots.dtype.is_floating_point:
+            raise ValueError(f"{op}: state_slots must hold integer row indices, got {state_slots.dtype}")
+    check_same_device(q=q, k=k, v=v, g=g, beta=beta, state=state, state_slots=state_slots)
 
 
 def _recurrence(
@@ -119,6 +131,11 @@ def _recurrence(
     return out, state
 
 
+def _rows(state_slots: torch.Tensor | None, num_seqs: int) -> list[int]:
+    """The state row of each sequence."""
+    return list(range(num_seqs)) if state_slots is None else state_slots.tolist()
+
+
 @gated_delta_rule.register("torch")
 def gated_delta_rule_torch(
     q: torch.Tensor,
@@ -130,20 +147,21 @@ def gated_delta_rule_torch(
     state: torch.Tensor,
     has_initial_state: torch.Tensor,
     use_qk_l2norm: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
-    _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs)
+    _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs, state_slots)
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     starts, initial = cu_seqlens.tolist(), has_initial_state.tolist()
-    for seq in range(num_seqs):
+    for seq, row in enumerate(_rows(state_slots, num_seqs)):
         tokens = slice(starts[seq], starts[seq + 1])
-        start_state = state[seq] if initial[seq] else torch.zeros_like(state[seq])
+        start_state = state[row] if initial[seq] else torch.zeros_like(state[row])
         o, final_state = _recurrence(
             q[None, tokens], k[None, tokens], v[None, tokens], g[None, tokens], beta[None, tokens],
             start_state[None], use_qk_l2norm,
         )
         out[tokens] = o[0].to(q.dtype)
-        state[seq] = final_state[0].to(state.dtype)
+        state[row] = final_state[0].to(state.dtype)
     return out
 
 
@@ -156,12 +174,14 @@ def gated_delta_rule_decode_torch(
     beta: torch.Tensor,
     state: torch.Tensor,
     use_qk_l2norm: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    _check_args("gated_delta_rule_decode", q, k, v, g, beta, state, q.shape[0])
+    _check_args("gated_delta_rule_decode", q, k, v, g, beta, state, q.shape[0], state_slots)
+    rows = torch.tensor(_rows(state_slots, q.shape[0]), dtype=torch.long, device=state.device)
     o, final_state = _recurrence(
-        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state, use_qk_l2norm
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state[rows], use_qk_l2norm
     )
-    state.copy_(final_state)
+    state[rows] = final_state.to(state.dtype)
     return o[:, 0].to(q.dtype)
 
 
@@ -176,53 +196,135 @@ def _load_query_key(ptr, rows, row_mask, stride_t, cols, col_mask, USE_QK_L2NORM
 
 
 @triton.jit
-def _state_pointers(state_ptr, seq, head, num_v_heads, k_cols, v_cols, HEAD_K: tl.constexpr,
-                    HEAD_V: tl.constexpr):
-    """[BLOCK_K, BLOCK_V] pointers into a contiguous [N, HV, K, V] state."""
-    base = (seq.to(tl.int64) * num_v_heads + head) * HEAD_K * HEAD_V
+def _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
+                    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, HAS_SLOTS: tl.constexpr):
+    """[BLOCK_K, BLOCK_V] pointers into sequence ``seq``'s state: row ``seq`` of the state, or row
+    ``slots[seq]``; rows ``state_stride_s`` apart, each a contiguous [HV, K, V]."""
+    if HAS_SLOTS:
+        row = tl.load(slots_ptr + seq).to(tl.int64)
+    else:
+        row = seq.to(tl.int64)
+    base = row * state_stride_s + head * HEAD_K * HEAD_V
     return state_ptr + base + k_cols[:, None] * HEAD_V + v_cols[None, :]
 
 
 @triton.jit
-def _gated_delta_rule_chunk_kernel(
-    q_ptr,
+def _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head):
+    """Cumulative log decays G [CHUNK] within the chunk and their total G_last."""
+    g = tl.load(g_ptr + tokens.to(tl.int64) * g_stride_t + head, mask=row_mask, other=0.0).to(tl.float32)
+    return tl.cumsum(g, axis=0), tl.sum(g, axis=0)
+
+
+@triton.jit
+def _gated_delta_chunk_prepare_kernel(
     k_ptr,
     v_ptr,
     g_ptr,
     beta_ptr,
-    out_ptr,
-    state_ptr,
+    w_ptr,
+    u_ptr,
     cu_seqlens_ptr,
-    has_initial_state_ptr,
-    num_v_heads,
+    num_seqs,
     group,
-    q_stride_t,
-    q_stride_h,
     k_stride_t,
     k_stride_h,
     v_stride_t,
     v_stride_h,
     g_stride_t,
     beta_stride_t,
-    out_stride_t,
-    scale,
+    w_stride_t,
+    w_stride_h,
+    u_stride_t,
+    u_stride_h,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """One program per (sequence, value head, block of value columns): the columns of S are
-    independent, so it walks its sequence chunk by chunk, carrying its slice of S [K, BLOCK_V].
+    """The state-free part of a chunk, for every chunk of every sequence at once (one program per
+    chunk and value head): with cumulative log decays G over the chunk,
+    A = strictly-lower(diag(beta) k k^T * exp(G_i - G_j)), T = (I + A)^-1 (the WY form of HF's
+    chunked function), u = T (beta v) and w = T (beta exp(G) k), written per token for the state
+    pass. Padded rows of a sequence's last chunk have k = v = beta = g = 0."""
+    head = tl.program_id(1)
+    key_head = head // group
+    seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, CHUNK)
+    if first < length:
+        rows = tl.arange(0, CHUNK)
+        row_mask = first + rows < length
+        tokens = start + first + rows
+        k_cols = tl.arange(0, BLOCK_K)
+        k_mask = k_cols < HEAD_K
+        v_cols = tl.arange(0, BLOCK_V)
+        v_mask = v_cols < HEAD_V
+        k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
+                            k_mask, USE_QK_L2NORM)
+        v_offs = tokens.to(tl.int64)[:, None] * v_stride_t + head * v_stride_h + v_cols[None, :]
+        v = tl.load(v_ptr + v_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + tokens.to(tl.int64) * beta_stride_t + head, mask=row_mask,
+                       other=0.0).to(tl.float32)
+        G, _ = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
+        strictly_lower = rows[:, None] > rows[None, :]
+        # exp of masked (i <= j) differences could overflow: mask before exp.
+        decay = tl.exp(tl.where(strictly_lower, G[:, None] - G[None, :], float("-inf")))
+        kk = tl.dot(k, tl.trans(k), input_precision="ieee")
+        A = tl.where(strictly_lower, kk * decay * beta[:, None], 0.0)
+        # T = (I + A)^-1 by forward substitution, one row per step: T_i = e_i - A_i T. In fp32 and
+        # outside tensor cores: T's rounding would reach every token of the chunk.
+        T = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
+        for i in range(CHUNK):
+            a_i = tl.sum(tl.where(rows[:, None] == i, A, 0.0), axis=0)
+            t_i = tl.where(rows == i, 1.0, -tl.sum(a_i[:, None] * T, axis=0))
+            T = tl.where(rows[:, None] == i, t_i[None, :], T)
+        u = tl.dot(T, v * beta[:, None], input_precision=DOT_PRECISION)
+        w = tl.dot(T, k * (beta * tl.exp(G))[:, None], input_precision=DOT_PRECISION)
+        u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
+        tl.store(u_ptr + u_offs, u, mask=row_mask[:, None] & v_mask[None, :])
+        w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
+        tl.store(w_ptr + w_offs, w, mask=row_mask[:, None] & k_mask[None, :])
 
-    Per chunk of C tokens with cumulative log decays G (the WY form of HF's chunked function):
-    A = strictly-lower(diag(beta) k k^T * exp(G_i - G_j)), T = (I + A)^-1,
-    u = T (beta v), w = T (beta exp(G) k), v' = u - w S,
-    o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v',
-    S = exp(G_last) S + (exp(G_last - G) k)^T v'.
-    Padded rows of the last chunk have k = v = beta = g = 0 and so change nothing.
-    """
+
+@triton.jit
+def _gated_delta_chunk_state_kernel(
+    q_ptr,
+    k_ptr,
+    g_ptr,
+    w_ptr,
+    u_ptr,
+    out_ptr,
+    state_ptr,
+    slots_ptr,
+    cu_seqlens_ptr,
+    has_initial_state_ptr,
+    group,
+    q_stride_t,
+    q_stride_h,
+    k_stride_t,
+    k_stride_h,
+    g_stride_t,
+    w_stride_t,
+    w_stride_h,
+    u_stride_t,
+    u_stride_h,
+    out_stride_t,
+    state_stride_s,
+    scale,
+    HEAD_K: tl.constexpr,
+    HEAD_V: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The state pass: one program per (sequence, value head, block of value columns) walks its
+    chunks in order, carrying its slice of S [K, BLOCK_V] (the columns of S are independent):
+    v' = u - w S, o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v',
+    S = exp(G_last) S + (exp(G_last - G) k)^T v'."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     key_head = head // group
@@ -232,14 +334,14 @@ def _gated_delta_rule_chunk_kernel(
     k_mask = k_cols < HEAD_K
     v_cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = v_cols < HEAD_V
-    state_ptrs = _state_pointers(state_ptr, seq, head, num_v_heads, k_cols, v_cols, HEAD_K, HEAD_V)
+    state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
+                                 HEAD_K, HEAD_V, HAS_SLOTS)
     state_mask = k_mask[:, None] & v_mask[None, :]
     has_initial = tl.load(has_initial_state_ptr + seq) != 0
     S = tl.load(state_ptrs, mask=state_mask & has_initial, other=0.0).to(tl.float32)
 
     rows = tl.arange(0, CHUNK)
     causal = rows[:, None] >= rows[None, :]
-    strictly_lower = rows[:, None] > rows[None, :]
     for chunk_start in range(0, length, CHUNK):
         row_mask = chunk_start + rows < length
         tokens = start + chunk_start + rows
@@ -247,38 +349,23 @@ def _gated_delta_rule_chunk_kernel(
                             k_mask, USE_QK_L2NORM) * scale
         k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
                             k_mask, USE_QK_L2NORM)
-        v_offs = tokens.to(tl.int64)[:, None] * v_stride_t + head * v_stride_h + v_cols[None, :]
-        v = tl.load(v_ptr + v_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0)
-        v = v.to(tl.float32)
-        g = tl.load(g_ptr + tokens.to(tl.int64) * g_stride_t + head, mask=row_mask, other=0.0)
-        beta = tl.load(beta_ptr + tokens.to(tl.int64) * beta_stride_t + head, mask=row_mask,
-                       other=0.0).to(tl.float32)
-        G = tl.cumsum(g.to(tl.float32), axis=0)
-        G_last = tl.sum(g.to(tl.float32), axis=0)
-        # exp of masked (i < j) differences would overflow: mask before exp.
+        G, G_last = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
+        w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
+        w = tl.load(w_ptr + w_offs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
+        u = tl.load(u_ptr + u_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0)
+        v_new = u - tl.dot(w, S, input_precision=DOT_PRECISION)
+
         decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-
-        kk = tl.dot(k, tl.trans(k), input_precision="ieee")
-        A = tl.where(strictly_lower, kk * decay * beta[:, None], 0.0)
-        # T = (I + A)^-1 by forward substitution, one row per step: T_i = e_i - A_i T.
-        T = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
-        for i in range(CHUNK):
-            a_i = tl.sum(tl.where(rows[:, None] == i, A, 0.0), axis=0)
-            t_i = tl.where(rows == i, 1.0, -tl.sum(a_i[:, None] * T, axis=0))
-            T = tl.where(rows[:, None] == i, t_i[None, :], T)
-        u = tl.dot(T, v * beta[:, None], input_precision="ieee")
-        w = tl.dot(T, k * (beta * tl.exp(G))[:, None], input_precision="ieee")
-        v_new = u - tl.dot(w, S, input_precision="ieee")
-
-        qk = tl.where(causal, tl.dot(q, tl.trans(k), input_precision="ieee") * decay, 0.0)
-        o = tl.dot(q * tl.exp(G)[:, None], S, input_precision="ieee")
-        o += tl.dot(qk, v_new, input_precision="ieee")
+        qk = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * decay, 0.0)
+        o = tl.dot(q * tl.exp(G)[:, None], S, input_precision=DOT_PRECISION)
+        o += tl.dot(qk, v_new, input_precision=DOT_PRECISION)
         out_offs = tokens.to(tl.int64)[:, None] * out_stride_t + head * HEAD_V + v_cols[None, :]
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & v_mask[None, :])
 
         k_to_end = k * tl.exp(G_last - G)[:, None]
-        S = S * tl.exp(G_last) + tl.dot(tl.trans(k_to_end), v_new, input_precision="ieee")
+        S = S * tl.exp(G_last) + tl.dot(tl.trans(k_to_end), v_new, input_precision=DOT_PRECISION)
     tl.store(state_ptrs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
 
 
@@ -291,7 +378,7 @@ def _gated_delta_rule_decode_kernel(
     beta_ptr,
     out_ptr,
     state_ptr,
-    num_v_heads,
+    slots_ptr,
     group,
     q_stride_t,
     q_stride_h,
@@ -302,10 +389,12 @@ def _gated_delta_rule_decode_kernel(
     g_stride_t,
     beta_stride_t,
     out_stride_t,
+    state_stride_s,
     scale,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -317,7 +406,8 @@ def _gated_delta_rule_decode_kernel(
     k_mask = k_cols < HEAD_K
     v_cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = v_cols < HEAD_V
-    state_ptrs = _state_pointers(state_ptr, seq, head, num_v_heads, k_cols, v_cols, HEAD_K, HEAD_V)
+    state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
+                                 HEAD_K, HEAD_V, HAS_SLOTS)
     state_mask = k_mask[:, None] & v_mask[None, :]
     S = tl.load(state_ptrs, mask=state_mask, other=0.0).to(tl.float32)
 
@@ -342,42 +432,22 @@ def _gated_delta_rule_decode_kernel(
     tl.store(state_ptrs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
 
 
-def _launch_arguments(
-    op: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-) -> tuple[torch.Tensor, tuple, dict, int]:
-    """The output and what both kernels take: (out, positional arguments, constexprs, V blocks)."""
+def _check_layout(op: str, q, k, v, g, beta, state: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_last_dim_contiguous(f"{op} {name}", t)
-    if not state.is_contiguous():
-        raise ValueError(f"{op}: state must be contiguous, got strides {state.stride()}")
-    num_k_heads, head_k_dim = q.shape[1:]
-    num_v_heads, head_v_dim = v.shape[1:]
-    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    arguments = (
-        num_v_heads,
-        num_v_heads // num_k_heads,
-        *q.stride()[:2],
-        *k.stride()[:2],
-        *v.stride()[:2],
-        g.stride(0),
-        beta.stride(0),
-        out.stride(0),
-        head_k_dim**-0.5,
-    )
-    block_v = min(max(next_pow2(head_v_dim), 16), 64)
-    constexprs = dict(
-        HEAD_K=head_k_dim,
-        HEAD_V=head_v_dim,
-        BLOCK_K=max(next_pow2(head_k_dim), 16),  # tl.dot's smallest tile
-        BLOCK_V=block_v,
-    )
-    return out, arguments, constexprs, triton.cdiv(head_v_dim, block_v)
+    if state.shape[0] and not state[0].is_contiguous():
+        raise ValueError(f"{op}: each state row must be a contiguous [HV, K, V], got strides {state.stride()}")
+
+
+def _block_sizes(head_k_dim: int, head_v_dim: int) -> tuple[int, int]:
+    """(BLOCK_K, BLOCK_V): all of K (at least tl.dot's smallest tile), V in blocks of up to 64."""
+    return max(next_pow2(head_k_dim), 16), min(max(next_pow2(head_v_dim), 16), 64)
+
+
+def _dot_precision(q: torch.Tensor) -> str:
+    """TF32 tensor cores for 16-bit activations on GPUs, where their own rounding dominates TF32's;
+    IEEE fp32 for fp32 activations (and in the interpreter, which ignores it)."""
+    return "tf32" if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) else "ieee"
 
 
 @gated_delta_rule.register("triton")
@@ -391,25 +461,44 @@ def gated_delta_rule_triton(
     state: torch.Tensor,
     has_initial_state: torch.Tensor,
     use_qk_l2norm: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The chunked form, CHUNK_SIZE tokens per step, fp32 throughout (tl.dot in IEEE fp32).
+    """The chunked form, CHUNK_SIZE tokens per chunk, in two launches: every chunk's state-free
+    part at once (the inverse T, then u and w, kept in fp32 per token), then the state pass, one
+    program per (sequence, head, 64 value columns) walking its chunks in order.
 
-    Not tuned yet: one program per (sequence, head, 64 value columns) walks its chunks in order;
-    T = (I + A)^-1 is built row by row (CHUNK_SIZE serial steps, where FLA inverts 16 x 16 diagonal
-    blocks and merges them); fp32 dot products forgo TF32 and bf16 tensor cores; no autotuning of
-    BLOCK_V, warps or stages; no split of long sequences' work beyond the value-column blocks. At
-    K = V = 128 it compiles for sm_90 (to a 3.8 MB cubin); its registers and spills are unmeasured.
+    Not tuned yet: T is built row by row (CHUNK_SIZE serial steps, where FLA inverts 16 x 16
+    diagonal blocks and merges them); no autotuning of BLOCK_V, warps or stages; long sequences'
+    state passes are split only over value-column blocks.
     """
     num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
-    _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs)
+    _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs, state_slots)
     check_same_device(q=q, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
-    out, arguments, constexprs, v_blocks = _launch_arguments("gated_delta_rule", q, k, v, g, beta,
-                                                             state)
-    if num_seqs > 0:
-        _gated_delta_rule_chunk_kernel[(num_seqs, v.shape[1], v_blocks)](
-            q, k, v, g, beta, out, state, cu_seqlens, has_initial_state, *arguments,
-            USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE, **constexprs,
-        )
+    _check_layout("gated_delta_rule", q, k, v, g, beta, state)
+    num_tokens, num_k_heads, head_k_dim = q.shape
+    num_v_heads, head_v_dim = v.shape[1:]
+    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    if num_seqs == 0 or num_tokens == 0:
+        return out
+    block_k, block_v = _block_sizes(head_k_dim, head_v_dim)
+    w = torch.empty(num_tokens, num_v_heads, head_k_dim, dtype=torch.float32, device=q.device)
+    u = torch.empty(num_tokens, num_v_heads, head_v_dim, dtype=torch.float32, device=q.device)
+    group = num_v_heads // num_k_heads
+    precision = _dot_precision(q)
+    _gated_delta_chunk_prepare_kernel[(num_tokens // CHUNK_SIZE + num_seqs, num_v_heads)](
+        k, v, g, beta, w, u, cu_seqlens, num_seqs, group, *k.stride()[:2], *v.stride()[:2],
+        g.stride(0), beta.stride(0), *w.stride()[:2], *u.stride()[:2],
+        HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
+        BLOCK_K=block_k, BLOCK_V=max(next_pow2(head_v_dim), 16), DOT_PRECISION=precision,
+    )
+    _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
+        q, k, g, w, u, out, state, state_slots, cu_seqlens, has_initial_state, group,
+        *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
+        out.stride(0), state.stride(0), head_k_dim**-0.5,
+        HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm,
+        HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k, BLOCK_V=block_v,
+        DOT_PRECISION=precision,
+    )
     return out
 
 
@@ -422,13 +511,20 @@ def gated_delta_rule_decode_triton(
     beta: torch.Tensor,
     state: torch.Tensor,
     use_qk_l2norm: bool = True,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    _check_args("gated_delta_rule_decode", q, k, v, g, beta, state, q.shape[0])
-    out, arguments, constexprs, v_blocks = _launch_arguments(
-        "gated_delta_rule_decode", q, k, v, g, beta, state
-    )
+    _check_args("gated_delta_rule_decode", q, k, v, g, beta, state, q.shape[0], state_slots)
+    _check_layout("gated_delta_rule_decode", q, k, v, g, beta, state)
+    num_k_heads, head_k_dim = q.shape[1:]
+    num_v_heads, head_v_dim = v.shape[1:]
+    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    block_k, block_v = _block_sizes(head_k_dim, head_v_dim)
     if q.shape[0] > 0:
-        _gated_delta_rule_decode_kernel[(q.shape[0], v.shape[1], v_blocks)](
-            q, k, v, g, beta, out, state, *arguments, USE_QK_L2NORM=use_qk_l2norm, **constexprs
+        _gated_delta_rule_decode_kernel[(q.shape[0], num_v_heads, triton.cdiv(head_v_dim, block_v))](
+            q, k, v, g, beta, out, state, state_slots, num_v_heads // num_k_heads,
+            *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], g.stride(0), beta.stride(0),
+            out.stride(0), state.stride(0), head_k_dim**-0.5,
+            HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm,
+            HAS_SLOTS=state_slots is not None, BLOCK_K=block_k, BLOCK_V=block_v,
         )
     return out

@@ -1,12 +1,14 @@
 """Depthwise causal short convolution with a carried state (the conv of Qwen3-Next's Gated DeltaNet).
 
-Channel ``c`` of token ``t`` is ``act(bias[c] + sum_j weight[c, j] * input[t - (W - 1) + j, c])`` for
-a kernel of width ``W``: ``nn.Conv1d(groups=channels, padding=W - 1)`` cut to the sequence, as HF's
-``causal_conv1d_fn`` / ``causal_conv1d_update`` compute it. Inputs before a sequence's first token
-come from its ``conv_state`` [num_seqs, channels, W - 1] (oldest first) where ``has_initial_state``
-is set, zeros otherwise; afterwards the state holds the sequence's last ``W - 1`` inputs (older
-state entries where the sequence is shorter). Tokens are rows (``x`` [num_tokens, channels], the
-layout the input projection writes); ``weight`` is [channels, W] (``conv1d.weight.squeeze(1)``).
+Channel ``c`` of token ``t`` is ``act(bias[c] + sum_j weight[c, j] * input[t - (W - 1) + j, c])``
+for a kernel of width ``W``: ``nn.Conv1d(groups=channels, padding=W - 1)`` cut to the sequence, as
+HF's ``causal_conv1d_fn`` / ``causal_conv1d_update`` compute it. Inputs before a sequence's first
+token come from its ``conv_state`` [channels, W - 1] (oldest first) where ``has_initial_state`` is
+set, zeros otherwise: row ``i`` of ``conv_state`` [num_seqs, channels, W - 1] for sequence ``i``,
+or, with ``state_slots`` [num_seqs], row ``state_slots[i]`` of a host's state cache (rows at any
+stride); afterwards the state holds the sequence's last ``W - 1`` inputs (older state entries where
+the sequence is shorter). Tokens are rows (``x`` [num_tokens, channels], the layout the input
+projection writes); ``weight`` is [channels, W] (``conv1d.weight.squeeze(1)``).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ def causal_conv1d(
     conv_state: torch.Tensor,
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Prefill/extend: ``x`` [T, C] packed sequences (``cu_seqlens`` [N + 1]) -> [T, C]; reads and
-    updates ``conv_state`` [N, C, W - 1] in place (``has_initial_state`` [N] bool)."""
+    updates each sequence's conv state in place (``has_initial_state`` [N] bool)."""
 
 
 @define_op
@@ -49,9 +52,10 @@ def causal_conv1d_decode(
     bias: torch.Tensor | None,
     conv_state: torch.Tensor,
     activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode: one token per sequence, ``x`` [N, C] -> [N, C]; shifts it into ``conv_state``
-    [N, C, W - 1] in place."""
+    """Decode: one token per sequence, ``x`` [N, C] -> [N, C]; shifts it into each sequence's conv
+    state in place."""
 
 
 def _check_args(
@@ -62,6 +66,7 @@ def _check_args(
     conv_state: torch.Tensor,
     num_seqs: int,
     activation: str | None,
+    state_slots: torch.Tensor | None,
 ) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"{op}: activation {activation!r} is not one of {ACTIVATIONS}")
@@ -74,10 +79,15 @@ def _check_args(
     if kernel_size < 2:
         raise ValueError(f"{op}: weight kernel_size {kernel_size} < 2 leaves no state to carry")
     check_shape(op, "x", x, (x.shape[0], channels))
-    check_shape(op, "conv_state", conv_state, (num_seqs, channels, kernel_size - 1))
+    state_rows = num_seqs if state_slots is None else conv_state.shape[0]
+    check_shape(op, "conv_state", conv_state, (state_rows, channels, kernel_size - 1))
+    if state_slots is not None:
+        check_shape(op, "state_slots", state_slots, (num_seqs,))
+        if state_slots.dtype.is_floating_point:
+            raise ValueError(f"{op}: state_slots must hold integer row indices, got {state_slots.dtype}")
     if bias is not None:
         check_shape(op, "bias", bias, (channels,))
-    check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state)
+    check_same_device(x=x, weight=weight, bias=bias, conv_state=conv_state, state_slots=state_slots)
 
 
 def _conv_sequences(
@@ -88,14 +98,16 @@ def _conv_sequences(
     conv_state: torch.Tensor,
     initial: list[bool],
     activation: str | None,
+    state_slots: torch.Tensor | None,
 ) -> torch.Tensor:
     """The reference: each sequence's inputs after its history, through ``F.conv1d`` in fp32."""
     channels, kernel_size = weight.shape
     out = torch.empty_like(x)
-    for seq in range(len(initial)):
+    rows = range(len(initial)) if state_slots is None else state_slots.tolist()
+    for seq, row in enumerate(rows):
         tokens = slice(starts[seq], starts[seq + 1])
         history = (
-            conv_state[seq].float()
+            conv_state[row].float()
             if initial[seq]
             else conv_state.new_zeros(channels, kernel_size - 1, dtype=torch.float32)
         )
@@ -106,7 +118,7 @@ def _conv_sequences(
         if activation == "silu":
             y = F.silu(y)
         out[tokens] = y.to(x.dtype)
-        conv_state[seq] = inputs[:, -(kernel_size - 1) :].to(conv_state.dtype)
+        conv_state[row] = inputs[:, -(kernel_size - 1) :].to(conv_state.dtype)
     return out
 
 
@@ -119,11 +131,13 @@ def causal_conv1d_torch(
     conv_state: torch.Tensor,
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_seqs = check_state_seqs("causal_conv1d", cu_seqlens, has_initial_state)
-    _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation)
+    _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation, state_slots)
     return _conv_sequences(
-        x, weight, bias, cu_seqlens.tolist(), conv_state, has_initial_state.tolist(), activation
+        x, weight, bias, cu_seqlens.tolist(), conv_state, has_initial_state.tolist(), activation,
+        state_slots,
     )
 
 
@@ -134,11 +148,13 @@ def causal_conv1d_decode_torch(
     bias: torch.Tensor | None,
     conv_state: torch.Tensor,
     activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_seqs = x.shape[0]
-    _check_args("causal_conv1d_decode", x, weight, bias, conv_state, num_seqs, activation)
+    _check_args("causal_conv1d_decode", x, weight, bias, conv_state, num_seqs, activation, state_slots)
     return _conv_sequences(
-        x, weight, bias, list(range(num_seqs + 1)), conv_state, [True] * num_seqs, activation
+        x, weight, bias, list(range(num_seqs + 1)), conv_state, [True] * num_seqs, activation,
+        state_slots,
     )
 
 
@@ -176,6 +192,7 @@ def _causal_conv1d_kernel(
     bias_ptr,
     out_ptr,
     state_ptr,
+    slots_ptr,
     cu_seqlens_ptr,
     has_initial_state_ptr,
     channels,
@@ -187,6 +204,7 @@ def _causal_conv1d_kernel(
     state_stride_w,
     KERNEL_SIZE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
     SILU: tl.constexpr,
     DECODE: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -207,7 +225,11 @@ def _causal_conv1d_kernel(
         start = tl.load(cu_seqlens_ptr + seq)
         length = tl.load(cu_seqlens_ptr + seq + 1) - start
         has_initial = tl.load(has_initial_state_ptr + seq) != 0
-    state_ptrs = state_ptr + seq.to(tl.int64) * state_stride_s + cols * state_stride_c
+    if HAS_SLOTS:
+        row = tl.load(slots_ptr + seq).to(tl.int64)
+    else:
+        row = seq.to(tl.int64)
+    state_ptrs = state_ptr + row * state_stride_s + cols * state_stride_c
     if HAS_BIAS:
         bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     else:
@@ -252,12 +274,13 @@ def _launch(
     conv_state: torch.Tensor,
     has_initial_state: torch.Tensor | None,
     activation: str | None,
+    state_slots: torch.Tensor | None,
 ) -> torch.Tensor:
     """Both ops' launch; ``cu_seqlens is None`` is decode (token ``s`` is sequence ``s``)."""
     check_last_dim_contiguous("causal_conv1d x", x)
     check_last_dim_contiguous("causal_conv1d weight", weight)
     channels, kernel_size = weight.shape
-    num_seqs = conv_state.shape[0]
+    num_seqs = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     out = torch.empty_like(x)
     # Untuned: a long prefill of few sequences runs few programs (one per sequence x channel block),
     # each walking its tokens in order; split sequences over programs if that measures slow.
@@ -270,6 +293,7 @@ def _launch(
             bias,
             out,
             conv_state,
+            state_slots,
             cu_seqlens,
             has_initial_state,
             channels,
@@ -279,6 +303,7 @@ def _launch(
             *conv_state.stride(),
             KERNEL_SIZE=kernel_size,
             HAS_BIAS=bias is not None,
+            HAS_SLOTS=state_slots is not None,
             SILU=activation == "silu",
             DECODE=cu_seqlens is None,
             BLOCK_T=16,
@@ -297,11 +322,12 @@ def causal_conv1d_triton(
     conv_state: torch.Tensor,
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_seqs = check_state_seqs("causal_conv1d", cu_seqlens, has_initial_state)
-    _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation)
+    _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation, state_slots)
     check_same_device(x=x, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
-    return _launch(x, weight, bias, cu_seqlens, conv_state, has_initial_state, activation)
+    return _launch(x, weight, bias, cu_seqlens, conv_state, has_initial_state, activation, state_slots)
 
 
 @causal_conv1d_decode.register("triton")
@@ -311,6 +337,7 @@ def causal_conv1d_decode_triton(
     bias: torch.Tensor | None,
     conv_state: torch.Tensor,
     activation: str | None = "silu",
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    _check_args("causal_conv1d_decode", x, weight, bias, conv_state, x.shape[0], activation)
-    return _launch(x, weight, bias, None, conv_state, None, activation)
+    _check_args("causal_conv1d_decode", x, weight, bias, conv_state, x.shape[0], activation, state_slots)
+    return _launch(x, weight, bias, None, conv_state, None, activation, state_slots)

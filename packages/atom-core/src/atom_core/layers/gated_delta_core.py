@@ -115,31 +115,23 @@ class CachedStateBatch:
 def forward_with_state_cache(spec: GatedDeltaCoreSpec, mixed_qkv: torch.Tensor, g: torch.Tensor,
                              beta: torch.Tensor, conv_cache: torch.Tensor, state_cache: torch.Tensor,
                              batch: CachedStateBatch) -> torch.Tensor:
-    """The core over ``batch``, reading and writing the states in ``conv_cache`` [slots, *conv
-    state] and ``state_cache`` [slots, *recurrent state] (:meth:`GatedDeltaCoreSpec.state_shapes`;
-    any float dtype: the rule runs on an fp32 copy). Returns [T, HV, V] (zeros past the batch)."""
+    """The core over ``batch``, reading and writing the states in place in their rows of
+    ``conv_cache`` [slots, *conv state] and ``state_cache`` [slots, *recurrent state]
+    (:meth:`GatedDeltaCoreSpec.state_shapes`; rows at any stride, any float dtype: the kernels
+    compute in fp32). Returns [T, HV, V] (zeros past the batch)."""
     out = mixed_qkv.new_zeros(mixed_qkv.shape[0], spec.num_v_heads, spec.head_v_dim)
-    weight = spec.conv.weight[:, 0]
     if batch.num_decodes:
         tokens, slots = slice(0, batch.num_decodes), batch.decode_slots
-        conv_state = conv_cache[slots]
-        x = atom_kernels.causal_conv1d_decode(mixed_qkv[tokens], weight, None, conv_state,
-                                              spec.conv.activation)
-        conv_cache[slots] = conv_state
-        state = state_cache[slots].float()
-        out[tokens] = atom_kernels.gated_delta_rule_decode(*spec.split_heads(x), g[tokens],
-                                                           beta[tokens], state)
-        state_cache[slots] = state.to(state_cache.dtype)
+        x = spec.conv.decode(mixed_qkv[tokens], conv_cache, slots)
+        out[tokens] = atom_kernels.gated_delta_rule_decode(*spec.split_heads(x), g[tokens], beta[tokens],
+                                                           state_cache, state_slots=slots)
     if batch.num_prefill_tokens:
         tokens = slice(batch.num_decodes, batch.num_decodes + batch.num_prefill_tokens)
         slots, initial = batch.prefill_slots, batch.prefill_has_initial_state
-        conv_state = conv_cache[slots]
-        x = spec.conv.prefill(mixed_qkv[tokens], batch.prefill_cu_seqlens, conv_state, initial)
-        conv_cache[slots] = conv_state
-        state = state_cache[slots].float()
+        x = spec.conv.prefill(mixed_qkv[tokens], batch.prefill_cu_seqlens, conv_cache, initial, slots)
         out[tokens] = atom_kernels.gated_delta_rule(*spec.split_heads(x), g[tokens], beta[tokens],
-                                                    batch.prefill_cu_seqlens, state, initial)
-        state_cache[slots] = state.to(state_cache.dtype)
+                                                    batch.prefill_cu_seqlens, state_cache, initial,
+                                                    state_slots=slots)
     return out
 
 

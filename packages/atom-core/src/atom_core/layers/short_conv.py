@@ -42,8 +42,15 @@ class ShortConvolution(nn.Module):
         copy_checked(param.data, torch.cat(pieces))
 
     def prefill(self, x: torch.Tensor, cu_seqlens: torch.Tensor, conv_state: torch.Tensor,
-                has_initial_state: torch.Tensor) -> torch.Tensor:
-        """``x`` [T, channels] of the packed sequences -> [T, channels]; ``conv_state``
-        [N, channels, kernel_size - 1] is read where ``has_initial_state`` [N] and overwritten."""
+                has_initial_state: torch.Tensor, state_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [T, channels] of the packed sequences -> [T, channels]; each sequence's conv state
+        [channels, kernel_size - 1] (row ``i`` of ``conv_state``, or row ``state_slots[i]``) is read
+        where ``has_initial_state`` [N] and overwritten."""
         return atom_kernels.causal_conv1d(x, self.weight[:, 0], None, cu_seqlens, conv_state,
-                                          has_initial_state, self.activation)
+                                          has_initial_state, self.activation, state_slots)
+
+    def decode(self, x: torch.Tensor, conv_state: torch.Tensor, state_slots: torch.Tensor) -> torch.Tensor:
+        """One token per sequence, ``x`` [N, channels] -> [N, channels], shifted into row
+        ``state_slots[i]`` of ``conv_state``."""
+        return atom_kernels.causal_conv1d_decode(x, self.weight[:, 0], None, conv_state, self.activation,
+                                                 state_slots)

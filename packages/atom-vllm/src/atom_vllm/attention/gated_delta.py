@@ -72,10 +72,10 @@ class ATOMGatedDeltaCore(nn.Module, MambaBase):
         prefills = m.num_prefills > 0
         batch = CachedStateBatch(
             num_decodes=m.num_decodes,
-            decode_slots=m.non_spec_state_indices_tensor[:m.num_decodes].long(),
+            decode_slots=m.non_spec_state_indices_tensor[:m.num_decodes],
             num_prefill_tokens=m.num_prefill_tokens,
             prefill_cu_seqlens=m.prefill_query_start_loc if prefills else None,
-            prefill_slots=m.prefill_state_indices.long() if prefills else None,
+            prefill_slots=m.prefill_state_indices if prefills else None,
             prefill_has_initial_state=m.prefill_has_initial_state if prefills else None,
         )
         conv_cache, state_cache = self.kv_cache
