@@ -63,7 +63,9 @@ def test_gated_delta_rule_triton_matches_torch(
     out = impl("gated_delta_rule", "triton")(*inputs, lengths, state, has_initial, use_qk_l2norm)
     assert out.dtype == dtype
     assert_close(out, expected, dtype, "accumulated")
-    assert_close(state, expected_state, torch.float32, "accumulated")
+    # The fp32 state of 16-bit inputs: on GPUs the kernel's dots run in TF32, whose rounding stays
+    # below the inputs' own.
+    assert_close(state, expected_state, dtype, "accumulated")
 
 
 @cases

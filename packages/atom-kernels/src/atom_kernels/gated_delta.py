@@ -35,6 +35,13 @@ from atom_kernels.triton_utils import (
 
 L2NORM_EPS = tl.constexpr(1e-6)
 CHUNK_SIZE = 64
+# Launch settings of the chunked form's two kernels (benchmarks/kernels/bench_gated_delta.py sweeps
+# them). One pipeline stage: more stages put the [CHUNK, K] fp32 tiles of the state pass past Hopper's
+# 227 KiB of shared memory (312 KiB asked at K = V = 128).
+PREPARE_WARPS = 4
+STATE_BLOCK_V = 64
+STATE_WARPS = 4
+NUM_STAGES = 1
 
 
 @define_op
@@ -440,14 +447,51 @@ def _check_layout(op: str, q, k, v, g, beta, state: torch.Tensor) -> None:
 
 
 def _block_sizes(head_k_dim: int, head_v_dim: int) -> tuple[int, int]:
-    """(BLOCK_K, BLOCK_V): all of K (at least tl.dot's smallest tile), V in blocks of up to 64."""
-    return max(next_pow2(head_k_dim), 16), min(max(next_pow2(head_v_dim), 16), 64)
+    """(BLOCK_K, BLOCK_V): all of K (at least tl.dot's smallest tile), V in blocks of up to
+    STATE_BLOCK_V."""
+    return max(next_pow2(head_k_dim), 16), min(max(next_pow2(head_v_dim), 16), STATE_BLOCK_V)
 
 
 def _dot_precision(q: torch.Tensor) -> str:
     """TF32 tensor cores for 16-bit activations on GPUs, where their own rounding dominates TF32's;
     IEEE fp32 for fp32 activations (and in the interpreter, which ignores it)."""
     return "tf32" if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) else "ieee"
+
+
+def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked form's first launch: w [T, HV, K] and u [T, HV, V] (fp32) of every chunk."""
+    num_tokens, num_k_heads, head_k_dim = k.shape
+    num_v_heads, head_v_dim = v.shape[1:]
+    num_seqs = cu_seqlens.shape[0] - 1
+    w = torch.empty(num_tokens, num_v_heads, head_k_dim, dtype=torch.float32, device=k.device)
+    u = torch.empty(num_tokens, num_v_heads, head_v_dim, dtype=torch.float32, device=k.device)
+    _gated_delta_chunk_prepare_kernel[(num_tokens // CHUNK_SIZE + num_seqs, num_v_heads)](
+        k, v, g, beta, w, u, cu_seqlens, num_seqs, num_v_heads // num_k_heads, *k.stride()[:2],
+        *v.stride()[:2], g.stride(0), beta.stride(0), *w.stride()[:2], *u.stride()[:2],
+        HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
+        BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=max(next_pow2(head_v_dim), 16),
+        DOT_PRECISION=_dot_precision(k), num_warps=PREPARE_WARPS, num_stages=NUM_STAGES,
+    )
+    return w, u
+
+
+def state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2norm: bool,
+               state_slots: torch.Tensor | None) -> torch.Tensor:
+    """The chunked form's second launch: the output, each sequence's state carried chunk by chunk."""
+    num_k_heads, head_k_dim = q.shape[1:]
+    num_v_heads, head_v_dim = u.shape[1:]
+    num_seqs = cu_seqlens.shape[0] - 1
+    out = torch.empty(u.shape, dtype=q.dtype, device=q.device)
+    block_k, block_v = _block_sizes(head_k_dim, head_v_dim)
+    _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
+        q, k, g, w, u, out, state, state_slots, cu_seqlens, has_initial_state, num_v_heads // num_k_heads,
+        *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
+        out.stride(0), state.stride(0), head_k_dim**-0.5,
+        HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm,
+        HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k, BLOCK_V=block_v,
+        DOT_PRECISION=_dot_precision(q), num_warps=STATE_WARPS, num_stages=NUM_STAGES,
+    )
+    return out
 
 
 @gated_delta_rule.register("triton")
@@ -464,42 +508,21 @@ def gated_delta_rule_triton(
     state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The chunked form, CHUNK_SIZE tokens per chunk, in two launches: every chunk's state-free
-    part at once (the inverse T, then u and w, kept in fp32 per token), then the state pass, one
-    program per (sequence, head, 64 value columns) walking its chunks in order.
+    part at once (:func:`prepare_chunks`: the inverse T, then u and w, kept in fp32 per token), then
+    :func:`state_pass`, one program per (sequence, head, block of value columns) walking its chunks
+    in order.
 
-    Not tuned yet: T is built row by row (CHUNK_SIZE serial steps, where FLA inverts 16 x 16
-    diagonal blocks and merges them); no autotuning of BLOCK_V, warps or stages; long sequences'
-    state passes are split only over value-column blocks.
+    T is built row by row (CHUNK_SIZE serial steps, where FLA inverts 16 x 16 diagonal blocks and
+    merges them); long sequences' state passes are split only over value-column blocks.
     """
     num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs, state_slots)
     check_same_device(q=q, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
     _check_layout("gated_delta_rule", q, k, v, g, beta, state)
-    num_tokens, num_k_heads, head_k_dim = q.shape
-    num_v_heads, head_v_dim = v.shape[1:]
-    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    if num_seqs == 0 or num_tokens == 0:
-        return out
-    block_k, block_v = _block_sizes(head_k_dim, head_v_dim)
-    w = torch.empty(num_tokens, num_v_heads, head_k_dim, dtype=torch.float32, device=q.device)
-    u = torch.empty(num_tokens, num_v_heads, head_v_dim, dtype=torch.float32, device=q.device)
-    group = num_v_heads // num_k_heads
-    precision = _dot_precision(q)
-    _gated_delta_chunk_prepare_kernel[(num_tokens // CHUNK_SIZE + num_seqs, num_v_heads)](
-        k, v, g, beta, w, u, cu_seqlens, num_seqs, group, *k.stride()[:2], *v.stride()[:2],
-        g.stride(0), beta.stride(0), *w.stride()[:2], *u.stride()[:2],
-        HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
-        BLOCK_K=block_k, BLOCK_V=max(next_pow2(head_v_dim), 16), DOT_PRECISION=precision,
-    )
-    _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
-        q, k, g, w, u, out, state, state_slots, cu_seqlens, has_initial_state, group,
-        *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
-        out.stride(0), state.stride(0), head_k_dim**-0.5,
-        HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm,
-        HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k, BLOCK_V=block_v,
-        DOT_PRECISION=precision,
-    )
-    return out
+    if num_seqs == 0 or q.shape[0] == 0:
+        return torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    w, u = prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm)
+    return state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2norm, state_slots)
 
 
 @gated_delta_rule_decode.register("triton")

@@ -1,0 +1,195 @@
+"""GPU benchmark: ATOM's Gated DeltaNet ops at Qwen3-Next-80B-A3B's shape (TP 1: 16 key and 32 value
+heads of 128, conv kernel 4) against the kernels vLLM's own Qwen3-Next runs (its FLA copy).
+
+    python benchmarks/kernels/bench_gated_delta.py --out gated-delta.json [--rep 50] [--no-sweep]
+
+Rows, bf16 activations:
+- ``prefill``: ``gated_delta_rule`` over 16 x 1024 and 2 x 8192 new tokens from a state, whole op and
+  its two launches (``prepare_chunks``, ``state_pass``), against vLLM's ``chunk_gated_delta_rule``;
+- ``decode``: ``gated_delta_rule_decode`` at batch 1, 64 and 256 on rows of a bf16 state cache
+  (``state_slots``), against vLLM's ``fused_recurrent_gated_delta_rule`` on its own cache layout;
+- ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
+With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
+form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS in atom_kernels.gated_delta).
+
+Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
+and vLLM's prefill run outside CUDA graphs), the decode rows replayed from a CUDA graph. A row whose
+vLLM kernel fails records the error. Without a CUDA GPU it says so and exits 0, writing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from bench_kernels import rand, time_kernel
+from triton.testing import do_bench
+
+import atom_kernels
+from atom_kernels import gated_delta
+
+# benchmarks/models/qwen3-next-80b-a3b-16l.json, per TP rank at TP 1
+KEY_HEADS, VALUE_HEADS, HEAD_DIM, CONV_KERNEL = 16, 32, 128, 4
+CONV_CHANNELS = 2 * KEY_HEADS * HEAD_DIM + VALUE_HEADS * HEAD_DIM
+PREFILLS = {"16x1024": [1024] * 16, "2x8192": [8192] * 2}
+DECODE_BATCHES = (1, 64, 256)
+# Each launch's settings, swept one launch at a time.
+PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)]
+STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)]
+SETTINGS = ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS")
+
+
+def delta_inputs(num_tokens: int):
+    q = rand(num_tokens, KEY_HEADS, HEAD_DIM)
+    k = rand(num_tokens, KEY_HEADS, HEAD_DIM)
+    v = rand(num_tokens, VALUE_HEADS, HEAD_DIM)
+    g = F.logsigmoid(rand(num_tokens, VALUE_HEADS, dtype=torch.float32) + 3.0)
+    beta = torch.sigmoid(rand(num_tokens, VALUE_HEADS))
+    return q, k, v, g, beta
+
+
+def cu_seqlens(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+
+
+def timed(fn, rep: int, eager_only: bool) -> float:
+    """Median microseconds: eager (host work included, as a prefill runs), else a graph replay."""
+    if eager_only:
+        return do_bench(fn, warmup=10, rep=rep, return_mode="median") * 1e3
+    return time_kernel(fn, rep)["graph_us"]
+
+
+def vllm_ops():
+    from vllm.third_party.flash_linear_attention.ops import (
+        chunk_gated_delta_rule,
+        fused_recurrent_gated_delta_rule,
+    )
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+def theirs_or_error(row: dict, make_fn, rep: int, eager_only: bool) -> None:
+    """vLLM's time for the row (``make_fn()`` returns the call), or the error it stopped with."""
+    try:
+        row["vllm_us"] = timed(make_fn(), rep, eager_only)
+        row["ratio"] = row["ours_us"] / row["vllm_us"]
+    except Exception as error:  # noqa: BLE001  (a vLLM kernel that fails here is a row, not the end)
+        row["vllm_error"] = f"{type(error).__name__}: {error}"[:300]
+
+
+def prefill_row(name: str, lengths: list[int], rep: int) -> dict:
+    q, k, v, g, beta = delta_inputs(sum(lengths))
+    cu = cu_seqlens(lengths)
+    state = rand(len(lengths), VALUE_HEADS, HEAD_DIM, HEAD_DIM, dtype=torch.float32, scale=0.1)
+    initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
+    w, u = gated_delta.prepare_chunks(k, v, g, beta, cu, True)
+    row = {"op": "prefill", "case": name, "tokens": sum(lengths),
+           "ours_us": timed(lambda: atom_kernels.gated_delta_rule(q, k, v, g, beta, cu, state, initial), rep, True),
+           "prepare_us": timed(lambda: gated_delta.prepare_chunks(k, v, g, beta, cu, True), rep, True),
+           "state_pass_us": timed(lambda: gated_delta.state_pass(q, k, g, w, u, cu, state, initial, True, None),
+                                  rep, True)}
+    vllm_state = state.transpose(-1, -2).to(torch.bfloat16).contiguous()  # vLLM's [N, HV, V, K]
+
+    def theirs():
+        chunk = vllm_ops()[0]
+        return lambda: chunk(q[None], k[None], v[None], g[None], beta[None], initial_state=vllm_state,
+                             output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+
+    theirs_or_error(row, theirs, rep, True)
+    return row
+
+
+def decode_row(batch: int, rep: int) -> dict:
+    q, k, v, g, beta = delta_inputs(batch)
+    slots = torch.randperm(2 * batch + 1, device="cuda")[:batch].to(torch.int32)
+    cache = rand(2 * batch + 1, VALUE_HEADS, HEAD_DIM, HEAD_DIM, scale=0.1)
+    row = {"op": "decode", "case": f"batch {batch}", "tokens": batch,
+           "ours_us": timed(lambda: atom_kernels.gated_delta_rule_decode(q, k, v, g, beta, cache, state_slots=slots),
+                            rep, False)}
+    def theirs():
+        recurrent = vllm_ops()[1]
+        return lambda: recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                 initial_state=cache, inplace_final_state=True, ssm_state_indices=slots,
+                                 use_qk_l2norm_in_kernel=True)
+
+    theirs_or_error(row, theirs, rep, False)
+    return row
+
+
+def conv_rows(rep: int) -> list[dict]:
+    weight = rand(CONV_CHANNELS, CONV_KERNEL, scale=0.5)
+    rows = []
+    for name, lengths in PREFILLS.items():
+        x = rand(sum(lengths), CONV_CHANNELS)
+        state = rand(len(lengths), CONV_CHANNELS, CONV_KERNEL - 1)
+        initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
+        cu = cu_seqlens(lengths)
+        rows.append({"op": "conv_prefill", "case": name, "tokens": sum(lengths), "ours_us": timed(
+            lambda: atom_kernels.causal_conv1d(x, weight, None, cu, state, initial), rep, True)})
+    for batch in DECODE_BATCHES:
+        x = rand(batch, CONV_CHANNELS)
+        cache = rand(2 * batch + 1, CONV_CHANNELS, CONV_KERNEL - 1)
+        slots = torch.randperm(2 * batch + 1, device="cuda")[:batch].to(torch.int32)
+        rows.append({"op": "conv_decode", "case": f"batch {batch}", "tokens": batch, "ours_us": timed(
+            lambda: atom_kernels.causal_conv1d_decode(x, weight, None, cache, state_slots=slots), rep, False)})
+    return rows
+
+
+def sweep_rows(rep: int) -> list[dict]:
+    """Each prefill case's two launches at every setting of their own (the other at its default)."""
+    defaults = {name: getattr(gated_delta, name) for name in SETTINGS}
+    rows = []
+    for case, lengths in PREFILLS.items():
+        q, k, v, g, beta = delta_inputs(sum(lengths))
+        cu = cu_seqlens(lengths)
+        state = rand(len(lengths), VALUE_HEADS, HEAD_DIM, HEAD_DIM, dtype=torch.float32, scale=0.1)
+        initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
+        w, u = gated_delta.prepare_chunks(k, v, g, beta, cu, True)
+        launches = {
+            "prepare_us": (PREPARE_SWEEP, lambda: gated_delta.prepare_chunks(k, v, g, beta, cu, True)),
+            "state_pass_us": (STATE_SWEEP,
+                              lambda: gated_delta.state_pass(q, k, g, w, u, cu, state, initial, True, None)),
+        }
+        for key, (settings_list, launch) in launches.items():
+            for settings in settings_list:
+                row = {"op": "prefill_sweep", "case": case, **settings}
+                try:
+                    for name, value in settings.items():
+                        setattr(gated_delta, name, value)
+                    row[key] = timed(launch, rep, True)
+                except Exception as error:  # noqa: BLE001  (a setting that does not compile is a row)
+                    row["error"] = f"{type(error).__name__}: {error}"[:200]
+                finally:
+                    for name, value in defaults.items():
+                        setattr(gated_delta, name, value)
+                rows.append(row)
+                print(row, flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rep", type=int, default=50)
+    parser.add_argument("--no-sweep", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_gated_delta: no CUDA GPU, nothing measured")
+        return
+    rows = [prefill_row(name, lengths, args.rep) for name, lengths in PREFILLS.items()]
+    rows += [decode_row(batch, args.rep) for batch in DECODE_BATCHES]
+    rows += conv_rows(args.rep)
+    for row in rows:
+        print(row, flush=True)
+    if not args.no_sweep:
+        rows += sweep_rows(args.rep)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "defaults": {name: getattr(gated_delta, name) for name in SETTINGS}, "rows": rows}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
