@@ -38,7 +38,7 @@ CHUNK_SIZE = 64
 # Launch settings of the chunked form's two kernels (benchmarks/kernels/bench_gated_delta.py sweeps
 # them). One pipeline stage: more stages put the [CHUNK, K] fp32 tiles of the state pass past Hopper's
 # 227 KiB of shared memory (312 KiB asked at K = V = 128).
-PREPARE_WARPS = 4
+PREPARE_WARPS = 8
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 NUM_STAGES = 1
@@ -223,6 +223,29 @@ def _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head):
 
 
 @triton.jit
+def _unit_lower_inverse(A, rows, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 of a strictly lower [CHUNK, CHUNK] A, in blocks of SUB rows: D = A's diagonal
+    blocks, L = the rest. Forward substitution inverts I + D, the SUB-th row of every block per step
+    (T_r = e_r - D_r Td, one dot), then with N = Td L, strictly block-lower and so nilpotent
+    (N^(CHUNK / SUB) = 0 at four blocks), (I + A)^-1 = (I + N)^-1 Td = (I - N + N^2 - N^3) Td."""
+    SUB: tl.constexpr = 16
+    tl.static_assert(CHUNK == 4 * SUB, "the N^3 series needs exactly four diagonal blocks")
+    same_block = (rows // SUB)[:, None] == (rows // SUB)[None, :]
+    D = tl.where(same_block, A, 0.0)
+    L = tl.where(same_block, 0.0, A)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    Td = eye
+    for i in range(SUB):
+        step = (rows % SUB) == i
+        Td = tl.where(step[:, None], eye - tl.dot(tl.where(step[:, None], D, 0.0), Td, input_precision=PRECISION),
+                      Td)
+    N = tl.dot(Td, L, input_precision=PRECISION)
+    N2 = tl.dot(N, N, input_precision=PRECISION)
+    series = eye - N + N2 - tl.dot(N, N2, input_precision=PRECISION)
+    return tl.dot(series, Td, input_precision=PRECISION)
+
+
+@triton.jit
 def _gated_delta_chunk_prepare_kernel(
     k_ptr,
     v_ptr,
@@ -250,6 +273,7 @@ def _gated_delta_chunk_prepare_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    INVERSE_PRECISION: tl.constexpr,
 ):
     """The state-free part of a chunk, for every chunk of every sequence at once (one program per
     chunk and value head): with cumulative log decays G over the chunk,
@@ -277,15 +301,9 @@ def _gated_delta_chunk_prepare_kernel(
         strictly_lower = rows[:, None] > rows[None, :]
         # exp of masked (i <= j) differences could overflow: mask before exp.
         decay = tl.exp(tl.where(strictly_lower, G[:, None] - G[None, :], float("-inf")))
-        kk = tl.dot(k, tl.trans(k), input_precision="ieee")
+        kk = tl.dot(k, tl.trans(k), input_precision=INVERSE_PRECISION)
         A = tl.where(strictly_lower, kk * decay * beta[:, None], 0.0)
-        # T = (I + A)^-1 by forward substitution, one row per step: T_i = e_i - A_i T. In fp32 and
-        # outside tensor cores: T's rounding would reach every token of the chunk.
-        T = tl.zeros([CHUNK, CHUNK], dtype=tl.float32)
-        for i in range(CHUNK):
-            a_i = tl.sum(tl.where(rows[:, None] == i, A, 0.0), axis=0)
-            t_i = tl.where(rows == i, 1.0, -tl.sum(a_i[:, None] * T, axis=0))
-            T = tl.where(rows[:, None] == i, t_i[None, :], T)
+        T = _unit_lower_inverse(A, rows, CHUNK, INVERSE_PRECISION)
         u = tl.dot(T, v * beta[:, None], input_precision=DOT_PRECISION)
         w = tl.dot(T, k * (beta * tl.exp(G))[:, None], input_precision=DOT_PRECISION)
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
@@ -452,6 +470,12 @@ def _block_sizes(head_k_dim: int, head_v_dim: int) -> tuple[int, int]:
     return max(next_pow2(head_k_dim), 16), min(max(next_pow2(head_v_dim), 16), STATE_BLOCK_V)
 
 
+def _fp32_dot_precision(k: torch.Tensor) -> str:
+    """fp32-accurate dots for the chunk's inverse, whose rounding reaches every token of the chunk:
+    three TF32 passes on NVIDIA tensor cores, IEEE fp32 elsewhere."""
+    return "tf32x3" if k.is_cuda and torch.version.hip is None else "ieee"
+
+
 def _dot_precision(q: torch.Tensor) -> str:
     """TF32 tensor cores for 16-bit activations on GPUs, where their own rounding dominates TF32's;
     IEEE fp32 for fp32 activations (and in the interpreter, which ignores it)."""
@@ -470,7 +494,8 @@ def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torc
         *v.stride()[:2], g.stride(0), beta.stride(0), *w.stride()[:2], *u.stride()[:2],
         HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
         BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=max(next_pow2(head_v_dim), 16),
-        DOT_PRECISION=_dot_precision(k), num_warps=PREPARE_WARPS, num_stages=NUM_STAGES,
+        DOT_PRECISION=_dot_precision(k), INVERSE_PRECISION=_fp32_dot_precision(k),
+        num_warps=PREPARE_WARPS, num_stages=NUM_STAGES,
     )
     return w, u
 
@@ -512,8 +537,7 @@ def gated_delta_rule_triton(
     :func:`state_pass`, one program per (sequence, head, block of value columns) walking its chunks
     in order.
 
-    T is built row by row (CHUNK_SIZE serial steps, where FLA inverts 16 x 16 diagonal blocks and
-    merges them); long sequences' state passes are split only over value-column blocks.
+    Long sequences' state passes are split only over value-column blocks.
     """
     num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs, state_slots)
