@@ -49,6 +49,21 @@ def test_causal_conv1d_triton_matches_torch(dtype, with_bias):
     assert_close(state, expected_state, dtype)
 
 
+def test_causal_conv1d_sequences_over_several_blocks():
+    """Sequences longer than one prefill program's block of tokens (64): their blocks run at once,
+    the first reads the old state, and the new state is written only after all of them."""
+    lengths, has_initial = [130, 3, 64, 65], [True, True, False, True]
+    x, weight, bias = conv_inputs(lengths, torch.float32, with_bias=True)
+    state = initial_state(has_initial, torch.float32)
+    expected_state = state.clone()
+    args = (weight, bias, cu_seqlens(lengths))
+    initial = torch.tensor(has_initial, device=DEVICE)
+    expected = impl("causal_conv1d", "torch")(x, *args, expected_state, initial)
+    out = impl("causal_conv1d", "triton")(x, *args, state, initial)
+    assert_close(out, expected, torch.float32)
+    assert_close(state, expected_state, torch.float32)
+
+
 @float_dtypes
 def test_causal_conv1d_decode_triton_matches_torch(dtype):
     x, weight, bias = conv_inputs([1] * 5, dtype, with_bias=True)

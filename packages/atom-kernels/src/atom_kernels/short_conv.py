@@ -24,6 +24,7 @@ from atom_kernels.triton_utils import (
     check_same_device,
     check_shape,
     check_state_seqs,
+    locate_block,
     next_pow2,
 )
 
@@ -186,73 +187,36 @@ def _load_inputs(
 
 
 @triton.jit
-def _causal_conv1d_kernel(
-    x_ptr,
-    weight_ptr,
-    bias_ptr,
-    out_ptr,
-    state_ptr,
-    slots_ptr,
-    cu_seqlens_ptr,
-    has_initial_state_ptr,
-    channels,
-    x_stride_t,
-    out_stride_t,
-    weight_stride_c,
-    state_stride_s,
-    state_stride_c,
-    state_stride_w,
-    KERNEL_SIZE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
-    SILU: tl.constexpr,
-    DECODE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-):
-    # One program owns one sequence's channel block: it reads the old state while walking the tokens
-    # and overwrites it at the end, so no other program can see a half-updated state.
+def _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out_stride_t, weight_stride_c,
+               state_stride_w, start, length, has_initial, rows, cols, col_mask, KERNEL_SIZE: tl.constexpr,
+               HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Outputs of one sequence's rows ``rows`` (positions from its first token) in channels ``cols``."""
     HISTORY: tl.constexpr = KERNEL_SIZE - 1
-    seq = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_mask = cols < channels
-    if DECODE:
-        start = seq
-        length = 1
-        has_initial = True
-    else:
-        start = tl.load(cu_seqlens_ptr + seq)
-        length = tl.load(cu_seqlens_ptr + seq + 1) - start
-        has_initial = tl.load(has_initial_state_ptr + seq) != 0
-    if HAS_SLOTS:
-        row = tl.load(slots_ptr + seq).to(tl.int64)
-    else:
-        row = seq.to(tl.int64)
-    state_ptrs = state_ptr + row * state_stride_s + cols * state_stride_c
+    row_mask = rows < length
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32) + tl.load(
+            bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     else:
-        bias = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for block_start in range(0, length, BLOCK_T):
-        rows = block_start + tl.arange(0, BLOCK_T)
-        row_mask = rows < length
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32) + bias[None, :]
-        for j in tl.static_range(KERNEL_SIZE):
-            tap = _load_inputs(
-                x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
-                row_mask, cols, col_mask, has_initial, HISTORY,
-            )
-            w = tl.load(weight_ptr + cols * weight_stride_c + j, mask=col_mask, other=0.0)
-            acc += tap * w.to(tl.float32)[None, :]
-        if SILU:
-            acc = acc * tl.sigmoid(acc)
-        out_offs = (start + rows).to(tl.int64)[:, None] * out_stride_t + cols[None, :]
-        tl.store(
-            out_ptr + out_offs,
-            acc.to(out_ptr.dtype.element_ty),
-            mask=row_mask[:, None] & col_mask[None, :],
+        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(KERNEL_SIZE):
+        tap = _load_inputs(
+            x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
+            row_mask, cols, col_mask, has_initial, HISTORY,
         )
+        w = tl.load(weight_ptr + cols * weight_stride_c + j, mask=col_mask, other=0.0)
+        acc += tap * w.to(tl.float32)[None, :]
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    out_offs = (start + rows).to(tl.int64)[:, None] * out_stride_t + cols[None, :]
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _store_tail(x_ptr, state_ptr, state_ptrs, x_stride_t, state_stride_w, start, length, has_initial, cols,
+                col_mask, KERNEL_SIZE: tl.constexpr, BLOCK_W: tl.constexpr):
+    """The sequence's last KERNEL_SIZE - 1 inputs (older state entries where it is shorter) into its
+    state, in channels ``cols``."""
+    HISTORY: tl.constexpr = KERNEL_SIZE - 1
     slots = tl.arange(0, BLOCK_W)
     slot_mask = slots < HISTORY
     tail = _load_inputs(
@@ -266,6 +230,80 @@ def _causal_conv1d_kernel(
     )
 
 
+@triton.jit
+def _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_stride_c,
+                        HAS_SLOTS: tl.constexpr):
+    """Pointers to sequence ``seq``'s state [cols] at its oldest entry: row ``seq``, or ``slots[seq]``."""
+    if HAS_SLOTS:
+        row = tl.load(slots_ptr + seq).to(tl.int64)
+    else:
+        row = seq.to(tl.int64)
+    return state_ptr + row * state_stride_s + cols * state_stride_c
+
+
+@triton.jit
+def _causal_conv1d_prefill_kernel(
+    x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, cu_seqlens_ptr, has_initial_state_ptr,
+    num_seqs, channels, x_stride_t, out_stride_t, weight_stride_c, state_stride_s, state_stride_c,
+    state_stride_w, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Outputs only, one program per (block of BLOCK_T tokens of a sequence, channel block): every
+    block at once. The states are written afterwards (:func:`_conv_state_kernel`), so that no block
+    reads a state another block has already overwritten."""
+    seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, BLOCK_T)
+    if first < length:
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_mask = cols < channels
+        has_initial = tl.load(has_initial_state_ptr + seq) != 0
+        state_ptrs = _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_stride_c,
+                                         HAS_SLOTS)
+        _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out_stride_t,
+                   weight_stride_c, state_stride_w, start, length, has_initial, first + tl.arange(0, BLOCK_T),
+                   cols, col_mask, KERNEL_SIZE, HAS_BIAS, SILU, BLOCK_T, BLOCK_C)
+
+
+@triton.jit
+def _conv_state_kernel(
+    x_ptr, state_ptr, slots_ptr, cu_seqlens_ptr, has_initial_state_ptr, channels, x_stride_t,
+    state_stride_s, state_stride_c, state_stride_w, KERNEL_SIZE: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """Each sequence's new state, one program per (sequence, channel block)."""
+    seq = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < channels
+    start = tl.load(cu_seqlens_ptr + seq)
+    length = tl.load(cu_seqlens_ptr + seq + 1) - start
+    has_initial = tl.load(has_initial_state_ptr + seq) != 0
+    state_ptrs = _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_stride_c, HAS_SLOTS)
+    _store_tail(x_ptr, state_ptr, state_ptrs, x_stride_t, state_stride_w, start, length, has_initial, cols,
+                col_mask, KERNEL_SIZE, BLOCK_W)
+
+
+@triton.jit
+def _causal_conv1d_decode_kernel(
+    x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, channels, x_stride_t, out_stride_t,
+    weight_stride_c, state_stride_s, state_stride_c, state_stride_w, KERNEL_SIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SLOTS: tl.constexpr, SILU: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """One token per sequence (token ``s`` is sequence ``s``), one program per (sequence, channel
+    block): its output from the old state, then the state shifted by the token."""
+    seq = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < channels
+    state_ptrs = _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_stride_c, HAS_SLOTS)
+    _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out_stride_t, weight_stride_c,
+               state_stride_w, seq, 1, True, tl.arange(0, 1), cols, col_mask, KERNEL_SIZE, HAS_BIAS, SILU,
+               1, BLOCK_C)
+    _store_tail(x_ptr, state_ptr, state_ptrs, x_stride_t, state_stride_w, seq, 1, True, cols, col_mask,
+                KERNEL_SIZE, BLOCK_W)
+
+
+PREFILL_BLOCK_T = 64  # tokens per prefill program
+
+
 def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -276,40 +314,34 @@ def _launch(
     activation: str | None,
     state_slots: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Both ops' launch; ``cu_seqlens is None`` is decode (token ``s`` is sequence ``s``)."""
+    """Both ops' launches; ``cu_seqlens is None`` is decode (token ``s`` is sequence ``s``)."""
     check_last_dim_contiguous("causal_conv1d x", x)
     check_last_dim_contiguous("causal_conv1d weight", weight)
     channels, kernel_size = weight.shape
     num_seqs = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     out = torch.empty_like(x)
-    # Untuned: a long prefill of few sequences runs few programs (one per sequence x channel block),
-    # each walking its tokens in order; split sequences over programs if that measures slow.
+    if num_seqs == 0 or x.shape[0] == 0:
+        return out
     block_c = min(next_pow2(channels), 128)
-    grid = (num_seqs, triton.cdiv(channels, block_c))
-    if num_seqs > 0:
-        _causal_conv1d_kernel[grid](
-            x,
-            weight,
-            bias,
-            out,
-            conv_state,
-            state_slots,
-            cu_seqlens,
-            has_initial_state,
-            channels,
-            x.stride(0),
-            out.stride(0),
-            weight.stride(0),
-            *conv_state.stride(),
-            KERNEL_SIZE=kernel_size,
-            HAS_BIAS=bias is not None,
-            HAS_SLOTS=state_slots is not None,
-            SILU=activation == "silu",
-            DECODE=cu_seqlens is None,
-            BLOCK_T=16,
-            BLOCK_C=block_c,
-            BLOCK_W=next_pow2(kernel_size - 1),
+    channel_blocks = triton.cdiv(channels, block_c)
+    common = dict(KERNEL_SIZE=kernel_size, HAS_SLOTS=state_slots is not None)
+    block_w = next_pow2(kernel_size - 1)
+    if cu_seqlens is None:
+        _causal_conv1d_decode_kernel[(num_seqs, channel_blocks)](
+            x, weight, bias, out, conv_state, state_slots, channels, x.stride(0), out.stride(0), weight.stride(0),
+            *conv_state.stride(), HAS_BIAS=bias is not None, SILU=activation == "silu", BLOCK_C=block_c,
+            BLOCK_W=block_w, **common,
         )
+        return out
+    _causal_conv1d_prefill_kernel[(x.shape[0] // PREFILL_BLOCK_T + num_seqs, channel_blocks)](
+        x, weight, bias, out, conv_state, state_slots, cu_seqlens, has_initial_state, num_seqs, channels,
+        x.stride(0), out.stride(0), weight.stride(0), *conv_state.stride(), HAS_BIAS=bias is not None,
+        SILU=activation == "silu", BLOCK_T=PREFILL_BLOCK_T, BLOCK_C=block_c, **common,
+    )
+    _conv_state_kernel[(num_seqs, channel_blocks)](
+        x, conv_state, state_slots, cu_seqlens, has_initial_state, channels, x.stride(0), *conv_state.stride(),
+        BLOCK_C=block_c, BLOCK_W=block_w, **common,
+    )
     return out
 
 
