@@ -141,6 +141,17 @@ def test_moe_matches_hf(tiny_model_dir, images):
     run_and_check(tiny_model_dir("Qwen3_5MoeForConditionalGeneration", random_norms=True), images, {})
 
 
+def test_language_model_only(tiny_model_dir):
+    """vLLM's text-only mode (``language_model_only``: no vision tower built, as ``vllm serve
+    --language-model-only``): ATOM's language model serves, tokens equal HF's."""
+    model = tiny_model_dir("Qwen3_5MoeForConditionalGeneration", random_norms=True)
+    phase1, _ = make_prompts()
+    result = run_vllm(model, [phase1], MAX_TOKENS,
+                      llm_kwargs={"language_model_only": True, "mm_processor_cache_gb": 0})
+    assert_atom_serves_the_language_model(result, model)
+    assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)
+
+
 def test_block_fp8_moe_checkpoint(tiny_model_dir, images, tmp_path):
     """Qwen3.5-MoE in block FP8 as published: the language model's projections and experts FP8, its
     Gated DeltaNet's b / a projections and the vision tower bf16 and listed unquantized. ATOM serves
