@@ -33,7 +33,8 @@ def main(path: str) -> None:
         axis.set_title(title)
         axis.grid(alpha=0.3)
         axis.legend()
-    figure.suptitle(f"{report['model']} shape, {report['device']}, vLLM {report['vllm']}: "
+    engine = report.get("engine", "vllm")
+    figure.suptitle(f"{report['model']} shape, {report['device']}, {engine} {report[engine]}: "
                     "random 1024 in / 128 out, dummy bf16 weights")
     figure.tight_layout()
     out = os.path.splitext(path)[0] + ".png"
