@@ -80,17 +80,24 @@ def theirs_or_error(row: dict, make_fn, rep: int, eager_only: bool) -> None:
         row["vllm_error"] = f"{type(error).__name__}: {error}"[:300]
 
 
-def prefill_row(name: str, lengths: list[int], rep: int) -> dict:
+def prefill_launches(lengths: list[int]) -> dict:
+    """The whole prefill op and its two launches, on one set of inputs continuing from states."""
     q, k, v, g, beta = delta_inputs(sum(lengths))
     cu = cu_seqlens(lengths)
     state = rand(len(lengths), VALUE_HEADS, HEAD_DIM, HEAD_DIM, dtype=torch.float32, scale=0.1)
     initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
     w, u = gated_delta.prepare_chunks(k, v, g, beta, cu, True)
+    return {"inputs": (q, k, v, g, beta, cu, state),
+            "ours_us": lambda: atom_kernels.gated_delta_rule(q, k, v, g, beta, cu, state, initial),
+            "prepare_us": lambda: gated_delta.prepare_chunks(k, v, g, beta, cu, True),
+            "state_pass_us": lambda: gated_delta.state_pass(q, k, g, w, u, cu, state, initial, True, None)}
+
+
+def prefill_row(name: str, lengths: list[int], rep: int) -> dict:
+    launches = prefill_launches(lengths)
+    q, k, v, g, beta, cu, state = launches["inputs"]
     row = {"op": "prefill", "case": name, "tokens": sum(lengths),
-           "ours_us": timed(lambda: atom_kernels.gated_delta_rule(q, k, v, g, beta, cu, state, initial), rep, True),
-           "prepare_us": timed(lambda: gated_delta.prepare_chunks(k, v, g, beta, cu, True), rep, True),
-           "state_pass_us": timed(lambda: gated_delta.state_pass(q, k, g, w, u, cu, state, initial, True, None),
-                                  rep, True)}
+           **{key: timed(launches[key], rep, True) for key in ("ours_us", "prepare_us", "state_pass_us")}}
     vllm_state = state.transpose(-1, -2).to(torch.bfloat16).contiguous()  # vLLM's [N, HV, V, K]
 
     def theirs():
@@ -143,17 +150,9 @@ def sweep_rows(rep: int) -> list[dict]:
     defaults = {name: getattr(gated_delta, name) for name in SETTINGS}
     rows = []
     for case, lengths in PREFILLS.items():
-        q, k, v, g, beta = delta_inputs(sum(lengths))
-        cu = cu_seqlens(lengths)
-        state = rand(len(lengths), VALUE_HEADS, HEAD_DIM, HEAD_DIM, dtype=torch.float32, scale=0.1)
-        initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
-        w, u = gated_delta.prepare_chunks(k, v, g, beta, cu, True)
-        launches = {
-            "prepare_us": (PREPARE_SWEEP, lambda: gated_delta.prepare_chunks(k, v, g, beta, cu, True)),
-            "state_pass_us": (STATE_SWEEP,
-                              lambda: gated_delta.state_pass(q, k, g, w, u, cu, state, initial, True, None)),
-        }
-        for key, (settings_list, launch) in launches.items():
+        launches = prefill_launches(lengths)
+        for key, settings_list in (("prepare_us", PREPARE_SWEEP), ("state_pass_us", STATE_SWEEP)):
+            launch = launches[key]
             for settings in settings_list:
                 row = {"op": "prefill_sweep", "case": case, **settings}
                 try:
