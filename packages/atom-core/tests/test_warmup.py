@@ -2,8 +2,9 @@
 
 The attention part runs in the glues' own tests (atom-vllm: test_attention_warmup.py on vLLM's
 scratch cache; atom-sglang: test_sglang_attention_backend.py over SGLang's pool). Here: the fused
-QKV layout the SGLang glue warms up on, and the fused MoE warm-up of a model's expert layers, which
-must compile exactly the variants the layers' forward passes launch.
+QKV layout the SGLang glue warms up on, the fused MoE warm-up of a model's expert layers, which
+must compile exactly the variants the layers' forward passes launch, and the Gated DeltaNet prefill
+warm-up, which must launch on states laid out as the host's cache rows without writing the cache.
 """
 
 import pytest
@@ -11,8 +12,16 @@ import torch
 from torch import nn
 
 import atom_kernels
-from atom_core.hosting.warmup import WARM_UP_TOKENS, fused_qkv, run_prefill_attention_kernels, warm_up_fused_moe_layers
+from atom_core.hosting.warmup import (
+    WARM_UP_TOKENS,
+    fused_qkv,
+    run_gated_delta_prefill_kernels,
+    run_prefill_attention_kernels,
+    warm_up_fused_moe_layers,
+)
+from atom_core.layers.gated_delta_core import GatedDeltaCoreSpec
 from atom_core.layers.moe import MoeSpec, SparseMoeBlock
+from atom_core.layers.short_conv import ShortConvolution
 
 
 def test_fused_qkv_is_laid_out_as_a_qkv_projection():
@@ -44,3 +53,30 @@ def test_moe_warm_up_compiles_what_each_expert_layer_runs(monkeypatch):
         assert w13 is block.experts.w13_weight and w2 is block.experts.w2_weight and top_k == spec.top_k
         block.experts(torch.zeros(1, 64), torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32))
         assert options == {**forwards[-1], "x_dtype": torch.bfloat16}
+
+
+def test_gated_delta_warm_up_runs_on_rows_laid_out_as_the_cache(monkeypatch):
+    hk, hv, k, v = 2, 4, 16, 8
+    spec = GatedDeltaCoreSpec(hk, hv, k, v, ShortConvolution((hk * k, hk * k, hv * v), 4), "layers.0.core", 0)
+    conv_shape, state_shape = spec.state_shapes()
+    # vLLM's pages hold both states and a padding tail: rows lie further apart than one state.
+    pages = torch.randn(3, 2000)
+    conv_size, state_size = conv_shape[0] * conv_shape[1], hv * k * v
+    conv_cache = pages[:, :conv_size].unflatten(1, conv_shape)
+    state_cache = pages[:, conv_size + 8:conv_size + 8 + state_size].unflatten(1, state_shape)
+    before = pages.clone()
+    calls = []
+    original_rule, original_conv = atom_kernels.gated_delta_rule, atom_kernels.causal_conv1d
+    monkeypatch.setattr(atom_kernels, "gated_delta_rule", lambda *a, **kw: calls.append(("rule", a))
+                        or original_rule(*a, **kw))
+    monkeypatch.setattr(atom_kernels, "causal_conv1d", lambda *a, **kw: calls.append(("conv", a))
+                        or original_conv(*a, **kw))
+    mixed_qkv = torch.randn(40, conv_shape[0])
+    g, beta = -torch.rand(40, hv), torch.rand(40, hv)
+    assert run_gated_delta_prefill_kernels(spec, mixed_qkv, g, beta, conv_cache, state_cache)
+    assert torch.equal(pages, before)
+    conv_call, rule_call = calls
+    assert conv_call[0] == "conv" and rule_call[0] == "rule"
+    assert conv_call[1][0].shape[0] == WARM_UP_TOKENS
+    assert conv_call[1][4].stride() == conv_cache.stride() and rule_call[1][6].stride() == state_cache.stride()
+    assert not run_gated_delta_prefill_kernels(spec, mixed_qkv[:0], g[:0], beta[:0], conv_cache, state_cache)

@@ -137,6 +137,35 @@ def test_state_slots_read_and_write_rows_of_a_cache(op, state_dtype):
     assert torch.equal(pages[:, cache[0].numel():], expected_pages[:, cache[0].numel():])
 
 
+@pytest.mark.gpu
+def test_chunked_rule_reuses_one_compiled_variant_across_batches():
+    """The sequence count and the offset of a batch's slots and flags in the host's tensors (vLLM
+    slices the decodes off the front) change every step; neither may compile another variant of the
+    chunked form's kernels mid-serving."""
+    from atom_kernels import gated_delta
+
+    num_k_heads, num_v_heads, head_k, head_v = 2, 4, 32, 16
+    _, cache = state_cache_rows(64, num_v_heads, head_k, head_v, torch.float32)
+    slots = torch.arange(64, dtype=torch.int32, device=DEVICE)
+    has_initial = torch.ones(64, dtype=torch.bool, device=DEVICE)
+
+    def prefill(first: int, lengths: list[int]) -> None:
+        rows = slice(first, first + len(lengths))
+        inputs = gdn_inputs(lengths, num_k_heads, num_v_heads, head_k, head_v, torch.bfloat16)
+        impl("gated_delta_rule", "triton")(*inputs, cu_seqlens(lengths), cache, has_initial[rows], True,
+                                           slots[rows])
+
+    def variants() -> int:
+        kernels = (gated_delta._gated_delta_chunk_prepare_kernel, gated_delta._gated_delta_chunk_state_kernel)
+        return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())
+
+    prefill(0, [16])
+    compiled = variants()
+    for first, lengths in [(1, [16]), (3, [1, 17, 64]), (5, [1] * 16), (0, [100] * 17), (7, [130])]:
+        prefill(first, lengths)
+    assert variants() == compiled
+
+
 def hf_delta_rule_functions():
     """HF's own torch functions, unwrapped from the decorator that may swap in FLA's kernels, called
     with q and k repeated to the value heads as Qwen3-Next's layer does before transformers 5.23

@@ -104,6 +104,34 @@ def test_state_slots_read_and_write_rows_of_a_cache(op):
     assert torch.equal(pages[:, state_size:], expected_pages[:, state_size:])
 
 
+@pytest.mark.gpu
+def test_prefill_reuses_one_compiled_variant_across_batches():
+    """The sequence count and the offset of a batch's slots and flags in the host's tensors (vLLM
+    slices the decodes off the front) change every step; neither may compile another variant of the
+    prefill's kernels mid-serving."""
+    from atom_kernels import short_conv
+
+    state = rand(64, CHANNELS, KERNEL_SIZE - 1, dtype=torch.bfloat16)
+    slots = torch.arange(64, dtype=torch.int32, device=DEVICE)
+    has_initial = torch.ones(64, dtype=torch.bool, device=DEVICE)
+
+    def prefill(first: int, lengths: list[int]) -> None:
+        rows = slice(first, first + len(lengths))
+        x, weight, bias = conv_inputs(lengths, torch.bfloat16, with_bias=False)
+        impl("causal_conv1d", "triton")(x, weight, bias, cu_seqlens(lengths), state, has_initial[rows], "silu",
+                                        slots[rows])
+
+    def variants() -> int:
+        kernels = (short_conv._causal_conv1d_prefill_kernel, short_conv._conv_state_kernel)
+        return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())
+
+    prefill(0, [16])
+    compiled = variants()
+    for first, lengths in [(1, [16]), (3, [1, 2, 64]), (5, [1] * 16), (0, [100] * 17), (7, [130])]:
+        prefill(first, lengths)
+    assert variants() == compiled
+
+
 def test_causal_conv1d_torch_matches_hf():
     """Fresh sequences against HF's causal_conv1d_fn, continued ones against causal_conv1d_update
     (channels-first [batch, C, L], the state updated in place)."""

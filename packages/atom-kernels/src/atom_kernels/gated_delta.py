@@ -38,7 +38,7 @@ CHUNK_SIZE = 64
 # Launch settings of the chunked form's two kernels (benchmarks/kernels/bench_gated_delta.py sweeps
 # them). One pipeline stage: more stages put the [CHUNK, K] fp32 tiles of the state pass past Hopper's
 # 227 KiB of shared memory (312 KiB asked at K = V = 128).
-PREPARE_WARPS = 8
+PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 NUM_STAGES = 1
@@ -245,7 +245,8 @@ def _unit_lower_inverse(A, rows, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
     return tl.dot(series, Td, input_precision=PRECISION)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"],
+            do_not_specialize_on_alignment=["cu_seqlens_ptr", "g_ptr", "beta_ptr"])
 def _gated_delta_chunk_prepare_kernel(
     k_ptr,
     v_ptr,
@@ -312,7 +313,7 @@ def _gated_delta_chunk_prepare_kernel(
         tl.store(w_ptr + w_offs, w, mask=row_mask[:, None] & k_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr", "g_ptr"])
 def _gated_delta_chunk_state_kernel(
     q_ptr,
     k_ptr,
@@ -394,7 +395,7 @@ def _gated_delta_chunk_state_kernel(
     tl.store(state_ptrs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "g_ptr", "beta_ptr"])
 def _gated_delta_rule_decode_kernel(
     q_ptr,
     k_ptr,

@@ -241,7 +241,8 @@ def _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_s
     return state_ptr + row * state_stride_s + cols * state_stride_c
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"],
+            do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr"])
 def _causal_conv1d_prefill_kernel(
     x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, cu_seqlens_ptr, has_initial_state_ptr,
     num_seqs, channels, x_stride_t, out_stride_t, weight_stride_c, state_stride_s, state_stride_c,
@@ -263,7 +264,7 @@ def _causal_conv1d_prefill_kernel(
                    cols, col_mask, KERNEL_SIZE, HAS_BIAS, SILU, BLOCK_T, BLOCK_C)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr"])
 def _conv_state_kernel(
     x_ptr, state_ptr, slots_ptr, cu_seqlens_ptr, has_initial_state_ptr, channels, x_stride_t,
     state_stride_s, state_stride_c, state_stride_w, KERNEL_SIZE: tl.constexpr, HAS_SLOTS: tl.constexpr,
@@ -281,7 +282,7 @@ def _conv_state_kernel(
                 col_mask, KERNEL_SIZE, BLOCK_W)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
 def _causal_conv1d_decode_kernel(
     x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, channels, x_stride_t, out_stride_t,
     weight_stride_c, state_stride_s, state_stride_c, state_stride_w, KERNEL_SIZE: tl.constexpr,

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import atom_kernels
+from atom_core.layers.gated_delta_core import CachedStateBatch, GatedDeltaCoreSpec, forward_with_state_cache
 from atom_core.layers.moe import SparseMoeBlock
 from atom_core.log import logger
 
@@ -70,6 +71,30 @@ def fused_qkv(num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dt
     q, k, v = qkv.split(sizes, dim=-1)
     return (q.view(-1, num_heads, head_size), k.view(-1, num_kv_heads, head_size),
             v.view(-1, num_kv_heads, head_size))
+
+
+def run_gated_delta_prefill_kernels(spec: GatedDeltaCoreSpec, mixed_qkv: torch.Tensor, g: torch.Tensor,
+                                    beta: torch.Tensor, conv_cache: torch.Tensor, state_cache: torch.Tensor,
+                                    index_dtype: torch.dtype = torch.int32) -> bool:
+    """Run a Gated DeltaNet core's prefill kernels (conv, its state write, the chunked delta rule's
+    two launches) once on one fresh sequence of the first :data:`WARM_UP_TOKENS` rows of the layer's
+    ``mixed_qkv``, ``g`` and ``beta``. The states go to one scratch row laid out as a row of
+    ``conv_cache`` / ``state_cache`` (the host's caches: same dtype and strides, so the same
+    variants compile; the caches themselves are not written); ``index_dtype``: the dtype of the host's
+    sequence offsets and state slots. False, and nothing run, without tokens."""
+    n = min(mixed_qkv.shape[0], WARM_UP_TOKENS)
+    if n == 0:
+        return False
+    conv_row, state_row = (torch.empty_strided((1, *cache.shape[1:]), cache.stride(), dtype=cache.dtype,
+                                               device=cache.device).zero_() for cache in (conv_cache, state_cache))
+    index = dict(dtype=index_dtype, device=mixed_qkv.device)
+    batch = CachedStateBatch(
+        num_decodes=0, decode_slots=torch.zeros(0, **index), num_prefill_tokens=n,
+        prefill_cu_seqlens=torch.tensor([0, n], **index), prefill_slots=torch.zeros(1, **index),
+        prefill_has_initial_state=torch.zeros(1, dtype=torch.bool, device=mixed_qkv.device),
+    )
+    forward_with_state_cache(spec, mixed_qkv[:n], g[:n], beta[:n], conv_row, state_row, batch)
+    return True
 
 
 def warm_up_fused_moe_layers(model: nn.Module, activation_dtype: torch.dtype) -> int:

@@ -23,6 +23,7 @@ from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
+from atom_core.hosting.warmup import run_gated_delta_prefill_kernels
 from atom_core.layers.gated_delta_core import (
     CachedStateBatch,
     GatedDeltaCoreSpec,
@@ -47,6 +48,8 @@ class ATOMGatedDeltaCore(nn.Module, MambaBase):
         self.prefix = spec.prefix
         vllm_config = get_current_vllm_config()
         self.state_dtypes = state_dtypes(vllm_config)
+        self.kv_cache = (torch.tensor([]), torch.tensor([]))  # bound by vLLM once it allocates the caches
+        self.prefill_kernels_compiled = False
         # vLLM finds its attention-like layers, and binds their caches, by name here.
         layers = vllm_config.compilation_config.static_forward_context
         if self.prefix in layers:
@@ -66,7 +69,14 @@ class ATOMGatedDeltaCore(nn.Module, MambaBase):
     def forward(self, mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         metadata = get_forward_context().attn_metadata
         if metadata is None:
-            # vLLM's profiling and warm-up runs: no requests, no state to read or write.
+            # vLLM's profiling and warm-up runs: no requests, no state to read or write. The first
+            # warm-up run after vLLM bound the caches compiles the prefill kernels for their layout
+            # (decode kernels compile when vLLM captures its decode CUDA graphs).
+            conv_cache, state_cache = self.kv_cache
+            capturing = mixed_qkv.is_cuda and torch.cuda.is_current_stream_capturing()
+            if not self.prefill_kernels_compiled and conv_cache.numel() and not capturing:
+                self.prefill_kernels_compiled = run_gated_delta_prefill_kernels(
+                    self.spec, mixed_qkv, g, beta, conv_cache, state_cache)
             return mixed_qkv.new_zeros(mixed_qkv.shape[0], self.spec.num_v_heads, self.spec.head_v_dim)
         m = metadata[self.prefix]
         prefills = m.num_prefills > 0
