@@ -175,6 +175,30 @@ def test_fused_moe(backend, dtype, num_tokens, hidden, inter, num_experts, top_k
     assert_close(out, reference_moe(x, w13, w2, weights, ids), dtype, "accumulated")
 
 
+@pytest.mark.gpu
+def test_warm_up_compiles_what_any_batch_size_runs():
+    """After warm_up_fused_moe no batch size compiles another variant of the fused MoE or of the
+    align that sorts its entries (tile configs change with the token count, the align's chunking with
+    the entry count: up to 16384 entries and above)."""
+    from atom_kernels import moe, moe_align
+
+    hidden, inter, num_experts, top_k = 256, 128, 64, 10
+    w13 = rand(num_experts, 2 * inter, hidden, dtype=torch.bfloat16, scale=hidden**-0.5)
+    w2 = rand(num_experts, hidden, inter, dtype=torch.bfloat16, scale=inter**-0.5)
+
+    def variants() -> int:
+        kernels = [value for module in (moe, moe_align) for value in vars(module).values()
+                   if hasattr(value, "device_caches")]
+        return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())
+
+    atom_kernels.warm_up_fused_moe(w13, w2, top_k)
+    compiled = variants()
+    for num_tokens in (1, 7, 64, 300, 1000, 1700, 4096, 8192):
+        weights, ids = routing(num_tokens, num_experts, top_k)
+        impl("fused_moe", "triton")(rand(num_tokens, hidden, dtype=torch.bfloat16), w13, w2, weights, ids)
+    assert variants() == compiled
+
+
 @backends
 def test_fused_moe_gelu_with_biases(backend):
     x, w13, w2 = rand(6, 64), rand(4, 64, 64, scale=0.125), rand(4, 64, 32, scale=0.18)

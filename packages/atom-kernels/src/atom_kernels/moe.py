@@ -32,7 +32,7 @@ from atom_kernels.activation import (
     gelu_and_mul_torch,
     silu_and_mul_torch,
 )
-from atom_kernels.moe_align import moe_align_block_size_triton
+from atom_kernels.moe_align import moe_align_block_size_triton, warm_up_moe_align
 from atom_kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, e2m1_to_float, e8m0_to_float
 from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
@@ -713,11 +713,14 @@ def warm_up_fused_moe(
     x = torch.zeros((1, hidden), dtype=x_dtype or w13.dtype, device=w13.device)
     topk_ids = (torch.arange(top_k, device=w13.device) % num_experts).to(torch.int32)[None, :]
     topk_weights = torch.full((1, top_k), 1.0 / top_k, dtype=torch.float32, device=w13.device)
-    for config in all_tuned_configs("fused_moe", key, w13.device) or default_moe_configs():
+    configs = all_tuned_configs("fused_moe", key, w13.device) or default_moe_configs()
+    for config in configs:
         run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, act=ACTIVATIONS[activation],
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
                       w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
                       block_size=block_size, weight_format=weight_format)
+    for block_m in {config["BLOCK_M"] for config in configs}:
+        warm_up_moe_align(num_experts, block_m, w13.device)
 
 
 def run_fused_moe(

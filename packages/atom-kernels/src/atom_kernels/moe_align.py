@@ -210,3 +210,12 @@ def moe_align_block_size_triton(
         LOG2_E_P2=log2_e_p2, CHUNK=chunk, CHUNKS_TILE=8,
     )
     return sorted_ids, block_expert
+
+
+def warm_up_moe_align(num_experts: int, block_m: int, device: torch.device) -> None:
+    """Compile every variant of the Triton align that ``block_m`` reaches: one chunk, several chunks
+    of 1024 entries and several of 4096 (above 16384 entries, e.g. 8192 tokens at top-8 or more),
+    so that a batch of that size does not compile one while serving. The expert ids are all 0."""
+    for num_entries in (1, 2 * 1024, 16384 + 1):
+        moe_align_block_size_triton(torch.zeros(num_entries, dtype=torch.int32, device=device), num_experts,
+                                    block_m)
