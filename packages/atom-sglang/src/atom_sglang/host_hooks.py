@@ -85,11 +85,33 @@ class RadixAttentionImpl(nn.Module):
         method.process_weights_after_loading(self.attn)
 
 
+def backend_takes_rope_apart(forward_batch: ForwardBatch) -> bool:
+    """Whether SGLang's attention backend of this batch takes MLA's rope part apart from the latent
+    (``q_rope`` / ``k_rope``), as SGLang's DeepSeek hands it to the backends it lists in
+    ``FORWARD_ABSORB_CORE_ATTENTION_BACKENDS`` (fa3 and flashinfer among them: their MLA cache write
+    needs ``k_rope``), rather than concatenated (triton, torch_native). The backend's name is
+    resolved as SGLang's DeepSeek resolves it: the runner's per-phase name on the backend, else the
+    server's setting."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+    from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+    from sglang.srt.runtime_context import get_server_args
+
+    backend = get_attn_backend()
+    prefill, decode = get_server_args().get_attention_backends()
+    if forward_batch.forward_mode.is_decode_or_idle():
+        name = getattr(backend, "decode_attention_backend_str", None) or decode
+    else:
+        name = getattr(backend, "prefill_attention_backend_str", None) or prefill
+    return name in FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+
+
 class RadixLatentAttentionImpl(nn.Module):
     """ATOM's MLA over SGLang's MLA KV pool, in the absorbed form for every batch: one shared
     latent "KV head" ``[kv_c | rope(k_pe)]`` of kv_lora_rank + rope dims whose first kv_lora_rank
     channels are the values, queries ``[q_nope W_UK | rope(q_pe)]``, output lifted by W_UV. SGLang's
-    pool stores exactly that latent per token; SGLang's MLA-capable backends run the attention."""
+    pool stores exactly that latent per token; SGLang's MLA-capable backends run the attention,
+    given the rope parts apart or concatenated as each backend takes them
+    (:func:`backend_takes_rope_apart`)."""
 
     def __init__(self, spec: LatentAttentionSpec):
         super().__init__()
@@ -111,9 +133,13 @@ class RadixLatentAttentionImpl(nn.Module):
                 k_pe: torch.Tensor) -> torch.Tensor:
         s = self.spec
         q_pe, k_pe = s.rotary_emb(positions, q[..., s.qk_nope_head_dim :], k_pe)
-        q_latent = torch.cat([absorb_q(s, q[..., : s.qk_nope_head_dim]), q_pe], dim=-1)
-        out = self.attn(q_latent.reshape(q.shape[0], -1), torch.cat([kv_c, k_pe], dim=-1), kv_c,
-                        current_forward_batch())
+        q_nope = absorb_q(s, q[..., : s.qk_nope_head_dim])
+        forward_batch = current_forward_batch()
+        if backend_takes_rope_apart(forward_batch):
+            out = self.attn(q_nope, kv_c, kv_c, forward_batch, q_rope=q_pe, k_rope=k_pe.unsqueeze(1))
+        else:
+            q_latent = torch.cat([q_nope, q_pe], dim=-1)
+            out = self.attn(q_latent.reshape(q.shape[0], -1), torch.cat([kv_c, k_pe], dim=-1), kv_c, forward_batch)
         return up_project_v(s, out.view(q.shape[0], s.num_heads, s.kv_lora_rank))
 
 
