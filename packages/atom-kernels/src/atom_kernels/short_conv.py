@@ -198,11 +198,18 @@ def _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out
             bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    # Rows past the history read only x: one row pointer per tap, no state addressing (most blocks).
+    past_history = tl.min(rows, axis=0) >= HISTORY
+    x_rows = x_ptr + (start + rows - HISTORY).to(tl.int64) * x_stride_t
     for j in tl.static_range(KERNEL_SIZE):
-        tap = _load_inputs(
-            x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
-            row_mask, cols, col_mask, has_initial, HISTORY,
-        )
+        if past_history:
+            tap = tl.load((x_rows + j * x_stride_t)[:, None] + cols[None, :],
+                          mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        else:
+            tap = _load_inputs(
+                x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
+                row_mask, cols, col_mask, has_initial, HISTORY,
+            )
         w = tl.load(weight_ptr + cols * weight_stride_c + j, mask=col_mask, other=0.0)
         acc += tap * w.to(tl.float32)[None, :]
     if SILU:
