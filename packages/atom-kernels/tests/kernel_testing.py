@@ -25,6 +25,12 @@ def impl(op_name: str, backend: str):
     return OPS[op_name].impl(backend)
 
 
+def compiled_variants(*kernels) -> int:
+    """How many variants of these Triton kernels this process has compiled (on any device): tests
+    check that a batch mix compiles none beyond the first."""
+    return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())
+
+
 def tolerance(dtype: torch.dtype, kind: str = "elementwise") -> tuple[float, float]:
     """(rtol, atol) of ``dtype`` for outputs of one rounding or of accumulations."""
     return _TOLERANCES[dtype][kind]

@@ -5,6 +5,7 @@ from kernel_testing import (
     ON_GPU,
     assert_close,
     backends,
+    compiled_variants,
     cu_seqlens,
     float_dtypes,
     gather_paged,
@@ -209,7 +210,7 @@ def test_metadata_slices_at_any_offset_reuse_one_compiled_kernel():
         )
 
     def variants() -> int:
-        return sum(len(cache[0]) for cache in attention._attention_kernel.device_caches.values())
+        return compiled_variants(attention._attention_kernel)
 
     extend_from(0)
     compiled = variants()
@@ -235,8 +236,7 @@ def test_tma_prefill_reuses_one_compiled_kernel_across_batches():
         impl("varlen_attention", "triton")(q, k, v, cu, cu, dim**-0.5, True, None, None)
 
     def variants() -> int:
-        kernel = prefill_attention._prefill_attention_kernel
-        return sum(len(cache[0]) for cache in kernel.device_caches.values())
+        return compiled_variants(prefill_attention._prefill_attention_kernel)
 
     prefill(0, [16])
     compiled = variants()

@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testing import DEVICE, assert_close, cu_seqlens, impl, rand
+from kernel_testing import DEVICE, assert_close, compiled_variants, cu_seqlens, impl, rand
 
 # Lengths around the 64-token chunk: one token, part of a chunk, exactly one, three chunks.
 LENGTHS = [1, 17, 64, 130]
@@ -156,8 +156,8 @@ def test_chunked_rule_reuses_one_compiled_variant_across_batches():
                                            slots[rows])
 
     def variants() -> int:
-        kernels = (gated_delta._gated_delta_chunk_prepare_kernel, gated_delta._gated_delta_chunk_state_kernel)
-        return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())
+        return compiled_variants(gated_delta._gated_delta_chunk_prepare_kernel,
+                                 gated_delta._gated_delta_chunk_state_kernel)
 
     prefill(0, [16])
     compiled = variants()

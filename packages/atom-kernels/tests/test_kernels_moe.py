@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testing import DEVICE, LIBRARY, assert_close, backends, float_dtypes, impl, rand
+from kernel_testing import DEVICE, LIBRARY, assert_close, backends, compiled_variants, float_dtypes, impl, rand
 
 import atom_kernels
 
@@ -187,9 +187,8 @@ def test_warm_up_compiles_what_any_batch_size_runs():
     w2 = rand(num_experts, hidden, inter, dtype=torch.bfloat16, scale=inter**-0.5)
 
     def variants() -> int:
-        kernels = [value for module in (moe, moe_align) for value in vars(module).values()
-                   if hasattr(value, "device_caches")]
-        return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())
+        return compiled_variants(*[value for module in (moe, moe_align) for value in vars(module).values()
+                                   if hasattr(value, "device_caches")])
 
     atom_kernels.warm_up_fused_moe(w13, w2, top_k)
     compiled = variants()

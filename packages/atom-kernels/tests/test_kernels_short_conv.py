@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, cu_seqlens, float_dtypes, impl, rand
+from kernel_testing import DEVICE, assert_close, compiled_variants, cu_seqlens, float_dtypes, impl, rand
 
 CHANNELS, KERNEL_SIZE = 40, 4  # 40: not a power of two, so the channel mask matters
 LENGTHS = [1, 2, 7, 33]
@@ -122,8 +122,7 @@ def test_prefill_reuses_one_compiled_variant_across_batches():
                                         slots[rows])
 
     def variants() -> int:
-        kernels = (short_conv._causal_conv1d_prefill_kernel, short_conv._conv_state_kernel)
-        return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())
+        return compiled_variants(short_conv._causal_conv1d_prefill_kernel, short_conv._conv_state_kernel)
 
     prefill(0, [16])
     compiled = variants()
