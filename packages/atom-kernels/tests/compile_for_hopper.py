@@ -1,0 +1,69 @@
+"""Compile Triton kernels for Hopper (sm90) on a machine without a GPU: Triton's front end, its
+optimisation passes and ptxas all run on the CPU, so a kernel that would not compile on an H100/H200
+fails here (the kernel suite's interpreter never compiles anything). Run as a script, without
+TRITON_INTERPRET: prints one ``compiled NAME shared=BYTES`` line per kernel.
+
+Shapes are Qwen3-Next-80B-A3B's (K = V = 128, 8192 conv channels, kernel 4) in bf16, with fp32
+recurrent states, at the launch settings the launchers use.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from atom_kernels import gated_delta, short_conv
+
+HOPPER = GPUTarget("cuda", 90, 32)
+FP32_POINTERS = {"g_ptr", "w_ptr", "u_ptr", "state_ptr"}
+INT_POINTERS = {"slots_ptr": "*i32", "cu_seqlens_ptr": "*i32", "has_initial_state_ptr": "*i1"}
+
+
+def signature(kernel, constexprs: dict) -> dict:
+    """Argument types as the launchers pass them: bf16 activations, fp32 decays / states / w / u,
+    int32 offsets and slots, bool flags, fp32 ``scale``, int32 counts and strides."""
+    types = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name in INT_POINTERS:
+            types[name] = INT_POINTERS[name]
+        elif name.endswith("_ptr"):
+            types[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
+        else:
+            types[name] = "fp32" if name == "scale" else "i32"
+    return types
+
+
+def compile_for_hopper(kernel, constexprs: dict, num_warps: int) -> int:
+    source = ASTSource(fn=kernel, signature=signature(kernel, constexprs),
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1})
+    return compiled.metadata.shared
+
+
+def main() -> None:
+    heads = dict(HEAD_K=128, HEAD_V=128, USE_QK_L2NORM=True, BLOCK_K=128)
+    conv = dict(KERNEL_SIZE=4, HAS_SLOTS=True, BLOCK_C=128)
+    kernels = [
+        (gated_delta._gated_delta_chunk_prepare_kernel,
+         dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32", INVERSE_PRECISION="tf32x3"),
+         gated_delta.PREPARE_WARPS),
+        (gated_delta._gated_delta_chunk_state_kernel,
+         dict(heads, HAS_SLOTS=True, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=gated_delta.STATE_BLOCK_V,
+              DOT_PRECISION="tf32"), gated_delta.STATE_WARPS),
+        (gated_delta._gated_delta_rule_decode_kernel, dict(heads, HAS_SLOTS=True, BLOCK_V=gated_delta.STATE_BLOCK_V),
+         4),
+        (short_conv._causal_conv1d_prefill_kernel,
+         dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_T=short_conv.PREFILL_BLOCK_T), 4),
+        (short_conv._conv_state_kernel, dict(conv, BLOCK_W=4), 4),
+        (short_conv._causal_conv1d_decode_kernel, dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_W=4),
+         4),
+    ]
+    for kernel, constexprs, num_warps in kernels:
+        print(f"compiled {kernel.fn.__name__} shared={compile_for_hopper(kernel, constexprs, num_warps)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
