@@ -1,15 +1,69 @@
-"""The Gated DeltaNet and conv kernels compile for Hopper (sm90), checked without a GPU.
+"""The Gated DeltaNet and conv kernels compile for Hopper (sm90) without a GPU. The kernel suite's
+interpreter never compiles, so a kernel could pass it and still fail to compile, or ask for more
+shared memory than an sm90 block has (the state pass once asked for 312 KiB), on its first GPU.
+Run without TRITON_INTERPRET, this file compiles them (Triton and ptxas run on the CPU) at
+Qwen3-Next's shapes and the launchers' settings and prints ``compiled NAME shared=BYTES``."""
 
-The kernel suite runs Triton's interpreter, which never compiles: a kernel can pass every test here
-and still fail to compile, or ask for more shared memory than an H100/H200 block has, on the first
-GPU it meets (the chunked delta rule's state pass once asked for 312 KiB). compile_for_hopper.py
-compiles them for sm90 in a process of its own, without the interpreter.
-"""
+from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from atom_kernels import gated_delta, short_conv
+
+HOPPER = GPUTarget("cuda", 90, 32)
+FP32_POINTERS = {"g_ptr", "w_ptr", "u_ptr", "state_ptr"}
+INT_POINTERS = {"slots_ptr": "*i32", "cu_seqlens_ptr": "*i32", "has_initial_state_ptr": "*i1"}
+
+
+def signature(kernel, constexprs: dict) -> dict:
+    """The launchers' argument types: bf16 activations, fp32 g / states / w / u, int32 rest."""
+    types = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name in INT_POINTERS:
+            types[name] = INT_POINTERS[name]
+        elif name.endswith("_ptr"):
+            types[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
+        else:
+            types[name] = "fp32" if name == "scale" else "i32"
+    return types
+
+
+def compile_for_hopper(kernel, constexprs: dict, num_warps: int) -> int:
+    source = ASTSource(fn=kernel, signature=signature(kernel, constexprs),
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1})
+    return compiled.metadata.shared
+
+
+def main() -> None:
+    heads = dict(HEAD_K=128, HEAD_V=128, USE_QK_L2NORM=True, BLOCK_K=128)
+    conv = dict(KERNEL_SIZE=4, HAS_SLOTS=True, BLOCK_C=128)
+    kernels = [
+        (gated_delta._gated_delta_chunk_prepare_kernel,
+         dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32", INVERSE_PRECISION="tf32x3"),
+         gated_delta.PREPARE_WARPS),
+        (gated_delta._gated_delta_chunk_state_kernel,
+         dict(heads, HAS_SLOTS=True, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=gated_delta.STATE_BLOCK_V,
+              DOT_PRECISION="tf32"), gated_delta.STATE_WARPS),
+        (gated_delta._gated_delta_rule_decode_kernel, dict(heads, HAS_SLOTS=True, BLOCK_V=gated_delta.STATE_BLOCK_V),
+         4),
+        (short_conv._causal_conv1d_prefill_kernel,
+         dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_T=short_conv.PREFILL_BLOCK_T), 4),
+        (short_conv._conv_state_kernel, dict(conv, BLOCK_W=4), 4),
+        (short_conv._causal_conv1d_decode_kernel, dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_W=4),
+         4),
+    ]
+    for kernel, constexprs, num_warps in kernels:
+        print(f"compiled {kernel.fn.__name__} shared={compile_for_hopper(kernel, constexprs, num_warps)}", flush=True)
+
 
 HOPPER_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on sm90
 KERNELS = {"_gated_delta_chunk_prepare_kernel", "_gated_delta_chunk_state_kernel", "_gated_delta_rule_decode_kernel",
@@ -18,8 +72,7 @@ KERNELS = {"_gated_delta_chunk_prepare_kernel", "_gated_delta_chunk_state_kernel
 
 def test_gated_delta_and_conv_kernels_compile_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).with_name("compile_for_hopper.py")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     shared = {}
     for line in proc.stdout.splitlines():
@@ -28,3 +81,7 @@ def test_gated_delta_and_conv_kernels_compile_for_hopper():
             shared[name] = int(size.removeprefix("shared="))
     assert set(shared) == KERNELS
     assert all(size <= HOPPER_SHARED_BYTES for size in shared.values()), shared
+
+
+if __name__ == "__main__":
+    main()
