@@ -1,8 +1,8 @@
 """The Gated DeltaNet and conv kernels compile for Hopper (sm90) without a GPU. The kernel suite's
 interpreter never compiles, so a kernel could pass it and still fail to compile, or ask for more
-shared memory than an sm90 block has (the state pass once asked for 312 KiB), on its first GPU.
-Run without TRITON_INTERPRET, this file compiles them (Triton and ptxas run on the CPU) at
-Qwen3-Next's shapes and the launchers' settings and prints ``compiled NAME shared=BYTES``."""
+shared memory than an sm90 block has (the state pass once asked 312 KiB), on its first GPU.
+Run without TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's
+shapes and the launchers' settings."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ INT_POINTERS = {"slots_ptr": "*i32", "cu_seqlens_ptr": "*i32", "has_initial_stat
 
 
 def signature(kernel, constexprs: dict) -> dict:
-    """The launchers' argument types: bf16 activations, fp32 g / states / w / u, int32 rest."""
+    """Argument types as the launchers pass them."""
     types = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -36,10 +36,10 @@ def signature(kernel, constexprs: dict) -> dict:
     return types
 
 
-def compile_for_hopper(kernel, constexprs: dict, num_warps: int) -> int:
+def compile_for_hopper(kernel, constexprs: dict, num_warps: int, num_stages: int) -> int:
     source = ASTSource(fn=kernel, signature=signature(kernel, constexprs),
                        constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1})
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
     return compiled.metadata.shared
 
 
@@ -49,10 +49,10 @@ def main() -> None:
     kernels = [
         (gated_delta._gated_delta_chunk_prepare_kernel,
          dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32", INVERSE_PRECISION="tf32x3"),
-         gated_delta.PREPARE_WARPS),
+         gated_delta.PREPARE_WARPS, gated_delta.NUM_STAGES),
         (gated_delta._gated_delta_chunk_state_kernel,
          dict(heads, HAS_SLOTS=True, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=gated_delta.STATE_BLOCK_V,
-              DOT_PRECISION="tf32"), gated_delta.STATE_WARPS),
+              DOT_PRECISION="tf32"), gated_delta.STATE_WARPS, gated_delta.NUM_STAGES),
         (gated_delta._gated_delta_rule_decode_kernel, dict(heads, HAS_SLOTS=True, BLOCK_V=gated_delta.STATE_BLOCK_V),
          4),
         (short_conv._causal_conv1d_prefill_kernel,
@@ -61,8 +61,9 @@ def main() -> None:
         (short_conv._causal_conv1d_decode_kernel, dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_W=4),
          4),
     ]
-    for kernel, constexprs, num_warps in kernels:
-        print(f"compiled {kernel.fn.__name__} shared={compile_for_hopper(kernel, constexprs, num_warps)}", flush=True)
+    for kernel, constexprs, num_warps, *stages in kernels:  # no stages set: Triton's 3
+        shared = compile_for_hopper(kernel, constexprs, num_warps, *(stages or [3]))
+        print(f"compiled {kernel.fn.__name__} shared={shared}", flush=True)
 
 
 HOPPER_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on sm90
