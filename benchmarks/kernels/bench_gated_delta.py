@@ -10,7 +10,8 @@ Rows, bf16 activations:
   (``state_slots``), against vLLM's ``fused_recurrent_gated_delta_rule`` on its own cache layout;
 - ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
 With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
-form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS in atom_kernels.gated_delta).
+form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, INVERSE_PRECISION_NVIDIA in atom_kernels.gated_delta);
+the prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
 
 Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
 and vLLM's prefill run outside CUDA graphs), the decode rows replayed from a CUDA graph. A row whose
@@ -38,9 +39,10 @@ CONV_CHANNELS = 2 * KEY_HEADS * HEAD_DIM + VALUE_HEADS * HEAD_DIM
 PREFILLS = {"16x1024": [1024] * 16, "2x8192": [8192] * 2}
 DECODE_BATCHES = (1, 64, 256)
 # Each launch's settings, swept one launch at a time.
-PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)]
+PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
+    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32", "ieee")]
 STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)]
-SETTINGS = ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS")
+SETTINGS = ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "INVERSE_PRECISION_NVIDIA")
 
 
 def delta_inputs(num_tokens: int):
@@ -145,12 +147,28 @@ def conv_rows(rep: int) -> list[dict]:
     return rows
 
 
+def prepare_outputs(launch, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    default = gated_delta.INVERSE_PRECISION_NVIDIA
+    gated_delta.INVERSE_PRECISION_NVIDIA = precision
+    try:
+        return launch()
+    finally:
+        gated_delta.INVERSE_PRECISION_NVIDIA = default
+
+
+def distance_from_ieee(launch, reference: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """Largest |w - w_ieee| or |u - u_ieee| of the prepare launch, relative to the largest IEEE value."""
+    return max(((x - ref).abs().max() / ref.abs().max()).item() for x, ref in zip(launch(), reference))
+
+
 def sweep_rows(rep: int) -> list[dict]:
-    """Each prefill case's two launches at every setting of their own (the other at its default)."""
+    """Each prefill case's two launches at every setting of their own (the other at its default); the
+    prepare rows also give their w / u distance from the inverse in IEEE fp32."""
     defaults = {name: getattr(gated_delta, name) for name in SETTINGS}
     rows = []
     for case, lengths in PREFILLS.items():
         launches = prefill_launches(lengths)
+        reference = prepare_outputs(launches["prepare_us"], "ieee")
         for key, settings_list in (("prepare_us", PREPARE_SWEEP), ("state_pass_us", STATE_SWEEP)):
             launch = launches[key]
             for settings in settings_list:
@@ -159,6 +177,8 @@ def sweep_rows(rep: int) -> list[dict]:
                     for name, value in settings.items():
                         setattr(gated_delta, name, value)
                     row[key] = timed(launch, rep, True)
+                    if key == "prepare_us":
+                        row["rel_diff_vs_ieee"] = distance_from_ieee(launch, reference)
                 except Exception as error:  # noqa: BLE001  (a setting that does not compile is a row)
                     row["error"] = f"{type(error).__name__}: {error}"[:200]
                 finally:

@@ -42,6 +42,9 @@ PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 NUM_STAGES = 1
+# The prepare launch's inverse dots on NVIDIA GPUs: three TF32 passes, about fp32 (the sweep also times
+# one TF32 pass and IEEE fp32, with their distance from IEEE).
+INVERSE_PRECISION_NVIDIA = "tf32x3"
 
 
 @define_op
@@ -223,50 +226,26 @@ def _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head):
 
 
 @triton.jit
-def _load_sub_block(k_ptr, v_ptr, g_ptr, beta_ptr, tokens, row_mask, head, k_stride_t, v_stride_t, g_stride_t,
-                    beta_stride_t, k_cols, k_mask, v_cols, v_mask, G_before, USE_QK_L2NORM: tl.constexpr):
-    """One SUB-row block of a chunk (``k_ptr`` / ``v_ptr`` at the head): k (fp32, normalised),
-    beta v, beta exp(G) k, beta, the cumulative log decays G continuing ``G_before``, and G after the
-    block. Rows past the sequence have k = v = beta = g = 0."""
-    k = _load_query_key(k_ptr, tokens, row_mask, k_stride_t, k_cols, k_mask, USE_QK_L2NORM)
-    v_offs = tokens.to(tl.int64)[:, None] * v_stride_t + v_cols[None, :]
-    v = tl.load(v_ptr + v_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + tokens.to(tl.int64) * beta_stride_t + head, mask=row_mask, other=0.0).to(tl.float32)
-    G, total = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
-    G = G + G_before
-    return k, v * beta[:, None], k * (beta * tl.exp(G))[:, None], beta, G, G_before + total
-
-
-@triton.jit
-def _a_block(k_i, k_j, beta_i, G_i, G_j, DIAGONAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Block (i, j) of A = strictly-lower(diag(beta) k k^T * exp(G_r - G_c)): rows of block i over
-    columns of block j (i >= j; a diagonal block keeps its strictly lower part). exp of masked
-    differences could overflow: mask before exp."""
-    decay_arg = G_i[:, None] - G_j[None, :]
-    if DIAGONAL:
-        sub = tl.arange(0, k_i.shape[0])
-        decay_arg = tl.where(sub[:, None] > sub[None, :], decay_arg, float("-inf"))
-    return tl.dot(k_i, tl.trans(k_j), input_precision=PRECISION) * tl.exp(decay_arg) * beta_i[:, None]
-
-
-@triton.jit
-def _unit_lower_inverse(A):
-    """(I + A)^-1 of a strictly lower [SUB, SUB] A by forward substitution in fp32: row i of the
-    inverse is e_i - sum_c A[i, c] (row c of the inverse), c < i."""
-    SUB: tl.constexpr = A.shape[0]
-    rows = tl.arange(0, SUB)
+def _unit_lower_inverse(A, rows, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 of a strictly lower [CHUNK, CHUNK] A, in blocks of SUB rows: D = A's diagonal
+    blocks, L = the rest. Forward substitution inverts I + D, the SUB-th row of every block per step
+    (T_r = e_r - D_r Td, one dot), then with N = Td L, strictly block-lower and so nilpotent
+    (N^(CHUNK / SUB) = 0 at four blocks), (I + A)^-1 = (I + N)^-1 Td = (I - N + N^2 - N^3) Td."""
+    SUB: tl.constexpr = 16
+    tl.static_assert(CHUNK == 4 * SUB, "the N^3 series needs exactly four diagonal blocks")
+    same_block = (rows // SUB)[:, None] == (rows // SUB)[None, :]
+    D = tl.where(same_block, A, 0.0)
+    L = tl.where(same_block, 0.0, A)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    T = eye
-    for i in tl.static_range(1, SUB):
-        a_i = tl.sum(tl.where(rows[:, None] == i, A, 0.0), axis=0)
-        T = tl.where(rows[:, None] == i, eye - tl.sum(a_i[:, None] * T, axis=0)[None, :], T)
-    return T
-
-
-@triton.jit
-def _store_rows(ptr, tokens, row_mask, stride_t, cols, col_mask, x):
-    tl.store(ptr + tokens.to(tl.int64)[:, None] * stride_t + cols[None, :], x,
-             mask=row_mask[:, None] & col_mask[None, :])
+    Td = eye
+    for i in range(SUB):
+        step = (rows % SUB) == i
+        Td = tl.where(step[:, None], eye - tl.dot(tl.where(step[:, None], D, 0.0), Td, input_precision=PRECISION),
+                      Td)
+    N = tl.dot(Td, L, input_precision=PRECISION)
+    N2 = tl.dot(N, N, input_precision=PRECISION)
+    series = eye - N + N2 - tl.dot(N, N2, input_precision=PRECISION)
+    return tl.dot(series, Td, input_precision=PRECISION)
 
 
 @triton.jit(do_not_specialize=["num_seqs"],
@@ -304,85 +283,37 @@ def _gated_delta_chunk_prepare_kernel(
     chunk and value head): with cumulative log decays G over the chunk,
     A = strictly-lower(diag(beta) k k^T * exp(G_i - G_j)), T = (I + A)^-1 (the WY form of HF's
     chunked function), u = T (beta v) and w = T (beta exp(G) k), written per token for the state
-    pass. In four blocks of SUB rows, as FLA's kernels build it: each diagonal block of T by forward
-    substitution, the blocks below from T_ij = -T_ii sum_{j <= m < i} A_im T_mj, then u and w block
-    by block; all dots on SUB-row tiles."""
-    SUB: tl.constexpr = 16
-    tl.static_assert(CHUNK == 4 * SUB, "four blocks of SUB rows per chunk")
+    pass. Padded rows of a sequence's last chunk have k = v = beta = g = 0."""
     head = tl.program_id(1)
+    key_head = head // group
     seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, CHUNK)
     if first < length:
-        k_head = k_ptr + (head // group) * k_stride_h
-        v_head = v_ptr + head * v_stride_h
-        w_head = w_ptr + head * w_stride_h
-        u_head = u_ptr + head * u_stride_h
+        rows = tl.arange(0, CHUNK)
+        row_mask = first + rows < length
+        tokens = start + first + rows
         k_cols = tl.arange(0, BLOCK_K)
         k_mask = k_cols < HEAD_K
         v_cols = tl.arange(0, BLOCK_V)
         v_mask = v_cols < HEAD_V
-        r0 = first + tl.arange(0, SUB)
-        r1 = r0 + SUB
-        r2 = r1 + SUB
-        r3 = r2 + SUB
-        m0 = r0 < length
-        m1 = r1 < length
-        m2 = r2 < length
-        m3 = r3 < length
-        t0 = start + r0
-        t1 = start + r1
-        t2 = start + r2
-        t3 = start + r3
-        k0, bv0, kw0, b0, G0, G = _load_sub_block(k_head, v_head, g_ptr, beta_ptr, t0, m0, head, k_stride_t, v_stride_t,
-                                                  g_stride_t, beta_stride_t, k_cols, k_mask, v_cols, v_mask, 0.0,
-                                                  USE_QK_L2NORM)
-        k1, bv1, kw1, b1, G1, G = _load_sub_block(k_head, v_head, g_ptr, beta_ptr, t1, m1, head, k_stride_t, v_stride_t,
-                                                  g_stride_t, beta_stride_t, k_cols, k_mask, v_cols, v_mask, G,
-                                                  USE_QK_L2NORM)
-        k2, bv2, kw2, b2, G2, G = _load_sub_block(k_head, v_head, g_ptr, beta_ptr, t2, m2, head, k_stride_t, v_stride_t,
-                                                  g_stride_t, beta_stride_t, k_cols, k_mask, v_cols, v_mask, G,
-                                                  USE_QK_L2NORM)
-        k3, bv3, kw3, b3, G3, G = _load_sub_block(k_head, v_head, g_ptr, beta_ptr, t3, m3, head, k_stride_t, v_stride_t,
-                                                  g_stride_t, beta_stride_t, k_cols, k_mask, v_cols, v_mask, G,
-                                                  USE_QK_L2NORM)
-        P: tl.constexpr = INVERSE_PRECISION
-        T00 = _unit_lower_inverse(_a_block(k0, k0, b0, G0, G0, True, P))
-        T11 = _unit_lower_inverse(_a_block(k1, k1, b1, G1, G1, True, P))
-        T22 = _unit_lower_inverse(_a_block(k2, k2, b2, G2, G2, True, P))
-        T33 = _unit_lower_inverse(_a_block(k3, k3, b3, G3, G3, True, P))
-        A10 = _a_block(k1, k0, b1, G1, G0, False, P)
-        A20 = _a_block(k2, k0, b2, G2, G0, False, P)
-        A21 = _a_block(k2, k1, b2, G2, G1, False, P)
-        A30 = _a_block(k3, k0, b3, G3, G0, False, P)
-        A31 = _a_block(k3, k1, b3, G3, G1, False, P)
-        A32 = _a_block(k3, k2, b3, G3, G2, False, P)
-        T10 = -tl.dot(T11, tl.dot(A10, T00, input_precision=P), input_precision=P)
-        T21 = -tl.dot(T22, tl.dot(A21, T11, input_precision=P), input_precision=P)
-        T20 = -tl.dot(T22, tl.dot(A20, T00, input_precision=P) + tl.dot(A21, T10, input_precision=P),
-                      input_precision=P)
-        T32 = -tl.dot(T33, tl.dot(A32, T22, input_precision=P), input_precision=P)
-        T31 = -tl.dot(T33, tl.dot(A31, T11, input_precision=P) + tl.dot(A32, T21, input_precision=P),
-                      input_precision=P)
-        T30 = -tl.dot(T33, tl.dot(A30, T00, input_precision=P) + tl.dot(A31, T10, input_precision=P)
-                      + tl.dot(A32, T20, input_precision=P), input_precision=P)
-        D: tl.constexpr = DOT_PRECISION
-        _store_rows(u_head, t0, m0, u_stride_t, v_cols, v_mask, tl.dot(T00, bv0, input_precision=D))
-        _store_rows(w_head, t0, m0, w_stride_t, k_cols, k_mask, tl.dot(T00, kw0, input_precision=D))
-        _store_rows(u_head, t1, m1, u_stride_t, v_cols, v_mask,
-                    tl.dot(T10, bv0, input_precision=D) + tl.dot(T11, bv1, input_precision=D))
-        _store_rows(w_head, t1, m1, w_stride_t, k_cols, k_mask,
-                    tl.dot(T10, kw0, input_precision=D) + tl.dot(T11, kw1, input_precision=D))
-        _store_rows(u_head, t2, m2, u_stride_t, v_cols, v_mask,
-                    tl.dot(T20, bv0, input_precision=D) + tl.dot(T21, bv1, input_precision=D)
-                    + tl.dot(T22, bv2, input_precision=D))
-        _store_rows(w_head, t2, m2, w_stride_t, k_cols, k_mask,
-                    tl.dot(T20, kw0, input_precision=D) + tl.dot(T21, kw1, input_precision=D)
-                    + tl.dot(T22, kw2, input_precision=D))
-        _store_rows(u_head, t3, m3, u_stride_t, v_cols, v_mask,
-                    tl.dot(T30, bv0, input_precision=D) + tl.dot(T31, bv1, input_precision=D)
-                    + tl.dot(T32, bv2, input_precision=D) + tl.dot(T33, bv3, input_precision=D))
-        _store_rows(w_head, t3, m3, w_stride_t, k_cols, k_mask,
-                    tl.dot(T30, kw0, input_precision=D) + tl.dot(T31, kw1, input_precision=D)
-                    + tl.dot(T32, kw2, input_precision=D) + tl.dot(T33, kw3, input_precision=D))
+        k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
+                            k_mask, USE_QK_L2NORM)
+        v_offs = tokens.to(tl.int64)[:, None] * v_stride_t + head * v_stride_h + v_cols[None, :]
+        v = tl.load(v_ptr + v_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + tokens.to(tl.int64) * beta_stride_t + head, mask=row_mask,
+                       other=0.0).to(tl.float32)
+        G, _ = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
+        strictly_lower = rows[:, None] > rows[None, :]
+        # exp of masked (i <= j) differences could overflow: mask before exp.
+        decay = tl.exp(tl.where(strictly_lower, G[:, None] - G[None, :], float("-inf")))
+        kk = tl.dot(k, tl.trans(k), input_precision=INVERSE_PRECISION)
+        A = tl.where(strictly_lower, kk * decay * beta[:, None], 0.0)
+        T = _unit_lower_inverse(A, rows, CHUNK, INVERSE_PRECISION)
+        u = tl.dot(T, v * beta[:, None], input_precision=DOT_PRECISION)
+        w = tl.dot(T, k * (beta * tl.exp(G))[:, None], input_precision=DOT_PRECISION)
+        u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
+        tl.store(u_ptr + u_offs, u, mask=row_mask[:, None] & v_mask[None, :])
+        w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
+        tl.store(w_ptr + w_offs, w, mask=row_mask[:, None] & k_mask[None, :])
 
 
 @triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr", "g_ptr"])
@@ -545,8 +476,8 @@ def _block_sizes(head_k_dim: int, head_v_dim: int) -> tuple[int, int]:
 
 def _fp32_dot_precision(k: torch.Tensor) -> str:
     """fp32-accurate dots for the chunk's inverse, whose rounding reaches every token of the chunk:
-    three TF32 passes on NVIDIA tensor cores, IEEE fp32 elsewhere."""
-    return "tf32x3" if k.is_cuda and torch.version.hip is None else "ieee"
+    INVERSE_PRECISION_NVIDIA on NVIDIA tensor cores, IEEE fp32 elsewhere."""
+    return INVERSE_PRECISION_NVIDIA if k.is_cuda and torch.version.hip is None else "ieee"
 
 
 def _dot_precision(q: torch.Tensor) -> str:
