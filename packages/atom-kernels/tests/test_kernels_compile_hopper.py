@@ -1,8 +1,8 @@
-"""The Gated DeltaNet and conv kernels compile for Hopper (sm90) without a GPU. The kernel suite's
-interpreter never compiles, so a kernel could pass it and still fail to compile, or ask for more
-shared memory than an sm90 block has (the state pass once asked 312 KiB), on its first GPU.
-Run without TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's
-shapes and the launchers' settings."""
+"""The Gated DeltaNet and conv kernels compile for Hopper (sm90) without a GPU. The interpreter
+never compiles, so a kernel could pass the suite and still fail to compile, or ask for more shared
+memory than an sm90 block has (the state pass once asked 312 KiB), on its first GPU. Run without
+TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's shapes and the
+launchers' settings."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def main() -> None:
     conv = dict(KERNEL_SIZE=4, HAS_SLOTS=True, BLOCK_C=128)
     kernels = [
         (gated_delta._gated_delta_chunk_prepare_kernel,
-         dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32", INVERSE_PRECISION="tf32x3"),
+         dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32",
+              INVERSE_PRECISION=gated_delta.INVERSE_PRECISION_NVIDIA),
          gated_delta.PREPARE_WARPS, gated_delta.NUM_STAGES),
         (gated_delta._gated_delta_chunk_state_kernel,
          dict(heads, HAS_SLOTS=True, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=gated_delta.STATE_BLOCK_V,
@@ -61,12 +62,12 @@ def main() -> None:
         (short_conv._causal_conv1d_decode_kernel, dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_W=4),
          4),
     ]
-    for kernel, constexprs, num_warps, *stages in kernels:  # no stages set: Triton's 3
+    for kernel, constexprs, num_warps, *stages in kernels:  # none set: Triton's 3
         shared = compile_for_hopper(kernel, constexprs, num_warps, *(stages or [3]))
         print(f"compiled {kernel.fn.__name__} shared={shared}", flush=True)
 
 
-HOPPER_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on sm90
+HOPPER_SHARED_BYTES = 227 * 1024  # the most one sm90 block may use
 KERNELS = {"_gated_delta_chunk_prepare_kernel", "_gated_delta_chunk_state_kernel", "_gated_delta_rule_decode_kernel",
            "_causal_conv1d_prefill_kernel", "_conv_state_kernel", "_causal_conv1d_decode_kernel"}
 

@@ -42,9 +42,11 @@ PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 NUM_STAGES = 1
-# The prepare launch's inverse dots on NVIDIA GPUs: three TF32 passes, about fp32 (the sweep also times
-# one TF32 pass and IEEE fp32, with their distance from IEEE).
-INVERSE_PRECISION_NVIDIA = "tf32x3"
+# The prepare launch's inverse dots on NVIDIA GPUs. One TF32 pass: on the H200 at fc29ad0 it took
+# 0.99 ms per Qwen3-Next layer against 2.52 ms for three (tf32x3), and its w / u lay within 3.3e-4 of
+# IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of bf16's rounding
+# (benchmarks/results/gated-delta-h200-fc29ad0.json).
+INVERSE_PRECISION_NVIDIA = "tf32"
 
 
 @define_op
@@ -475,7 +477,7 @@ def _block_sizes(head_k_dim: int, head_v_dim: int) -> tuple[int, int]:
 
 
 def _fp32_dot_precision(k: torch.Tensor) -> str:
-    """fp32-accurate dots for the chunk's inverse, whose rounding reaches every token of the chunk:
+    """Dots for the chunk's inverse, whose rounding reaches every token of the chunk: fp32 inputs at
     INVERSE_PRECISION_NVIDIA on NVIDIA tensor cores, IEEE fp32 elsewhere."""
     return INVERSE_PRECISION_NVIDIA if k.is_cuda and torch.version.hip is None else "ieee"
 
