@@ -42,10 +42,10 @@ PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 NUM_STAGES = 1
-# The prepare launch's inverse dots on NVIDIA GPUs. One TF32 pass: on the H200 at fc29ad0 it took
-# 0.99 ms per Qwen3-Next layer against 2.52 ms for three (tf32x3), and its w / u lay within 3.3e-4 of
-# IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of bf16's rounding
-# (benchmarks/results/gated-delta-h200-fc29ad0.json).
+# The prepare launch's inverse dots on NVIDIA GPUs for 16-bit activations. One TF32 pass: on the H200
+# at fc29ad0 it took 0.99 ms per Qwen3-Next layer against 2.52 ms for three (tf32x3), and its w / u
+# lay within 3.3e-4 of IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of
+# bf16's rounding (benchmarks/results/gated-delta-h200-fc29ad0.json). fp32 activations keep tf32x3.
 INVERSE_PRECISION_NVIDIA = "tf32"
 
 
@@ -476,10 +476,13 @@ def _block_sizes(head_k_dim: int, head_v_dim: int) -> tuple[int, int]:
     return max(next_pow2(head_k_dim), 16), min(max(next_pow2(head_v_dim), 16), STATE_BLOCK_V)
 
 
-def _fp32_dot_precision(k: torch.Tensor) -> str:
-    """Dots for the chunk's inverse, whose rounding reaches every token of the chunk: fp32 inputs at
-    INVERSE_PRECISION_NVIDIA on NVIDIA tensor cores, IEEE fp32 elsewhere."""
-    return INVERSE_PRECISION_NVIDIA if k.is_cuda and torch.version.hip is None else "ieee"
+def _inverse_precision(k: torch.Tensor) -> str:
+    """Dots for the chunk's inverse, whose rounding reaches every token of the chunk. On NVIDIA tensor
+    cores: INVERSE_PRECISION_NVIDIA for 16-bit activations, three TF32 passes (about fp32) for fp32
+    ones; IEEE fp32 elsewhere."""
+    if not k.is_cuda or torch.version.hip is not None:
+        return "ieee"
+    return "tf32x3" if k.dtype == torch.float32 else INVERSE_PRECISION_NVIDIA
 
 
 def _dot_precision(q: torch.Tensor) -> str:
@@ -500,7 +503,7 @@ def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torc
         *v.stride()[:2], g.stride(0), beta.stride(0), *w.stride()[:2], *u.stride()[:2],
         HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
         BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=max(next_pow2(head_v_dim), 16),
-        DOT_PRECISION=_dot_precision(k), INVERSE_PRECISION=_fp32_dot_precision(k),
+        DOT_PRECISION=_dot_precision(k), INVERSE_PRECISION=_inverse_precision(k),
         num_warps=PREPARE_WARPS, num_stages=NUM_STAGES,
     )
     return w, u
