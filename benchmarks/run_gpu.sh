@@ -2,15 +2,15 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline gated-delta
-# vllm-gpu-tests.
+# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline
+# hybrid-checkpoint-offline gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
@@ -26,15 +26,16 @@ profile() {
 # Both engines on a random checkpoint of MODEL on disk (WRITER: random_mxfp4_checkpoint.py for MXFP4,
 # random_checkpoint.py for bf16: formats or weights that vLLM's dummy loader gets wrong), each run into
 # OUT_DIR/RUNS, then bench_offline.py's REPORT from those runs; the checkpoint is deleted after.
-checkpoint_offline() {  # WRITER MODEL RUNS REPORT
-  local writer=$1 model=$2 runs=$out/$3 report=$out/$4 tmp
+# EXTRA: more engine_run.py arguments for both engines (split on spaces).
+checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
+  local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
   tmp=$(mktemp -d)
   python3 "$here/e2e/$writer" --config "$here/models/$model.json" --out "$tmp/$model"
   mkdir -p "$runs"
   for mode in native atom; do
     [ $mode = native ] && flag=1 || flag=
     ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$tmp/$model" \
-      --out "$runs/run-$model-$mode.json" > "$runs/run-$model-$mode.json.log" 2>&1
+      --out "$runs/run-$model-$mode.json" $extra > "$runs/run-$model-$mode.json.log" 2>&1
   done
   python3 "$here/e2e/bench_offline.py" --runs-dir "$runs" --out "$report" "$model"
   rm -rf "$tmp"
@@ -76,6 +77,10 @@ for step in $steps; do
     # (FLA) prefill, which ATOM's model does not use.
     hybrid-offline) ATOM_SERVE_HYBRID_ON_GPU=1 python3 "$here/e2e/bench_offline.py" --out "$out/offline-hybrid.json" \
                       --extra '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' qwen3-next-80b-a3b-16l ;;
+    # As hybrid-offline, on N(0, 0.02) weights both engines load (54 GB on disk while it runs).
+    hybrid-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
+                                 hybrid-ckpt-runs offline-hybrid-checkpoint.json \
+                                 '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
     gated-delta) python3 "$here/kernels/bench_gated_delta.py" --out "$out/gated-delta.json" ;;
     # atom-vllm's GPU-only tests (no ATOM kernel compiling while serving; FA3 MLA against ATOM's kernels).
     vllm-gpu-tests) python3 -m pytest "$here/../packages/atom-vllm/tests/test_gpu_no_jit_while_serving.py" \
