@@ -10,7 +10,8 @@ Rows, bf16 activations:
   (``state_slots``), against vLLM's ``fused_recurrent_gated_delta_rule`` on its own cache layout;
 - ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
 With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
-form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, INVERSE_PRECISION_NVIDIA in atom_kernels.gated_delta);
+form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, INVERSE_PRECISION_NVIDIA in atom_kernels.gated_delta)
+and of the conv prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS in atom_kernels.short_conv);
 the prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
 
 Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
@@ -31,7 +32,7 @@ from bench_kernels import rand, time_kernel
 from triton.testing import do_bench
 
 import atom_kernels
-from atom_kernels import gated_delta
+from atom_kernels import gated_delta, short_conv
 
 # benchmarks/models/qwen3-next-80b-a3b-16l.json, per TP rank at TP 1
 KEY_HEADS, VALUE_HEADS, HEAD_DIM, CONV_KERNEL = 16, 32, 128, 4
@@ -42,7 +43,10 @@ DECODE_BATCHES = (1, 64, 256)
 PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
     {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")]
 STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)]
-SETTINGS = ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "INVERSE_PRECISION_NVIDIA")
+CONV_SWEEP = [{"PREFILL_BLOCK_T": t, "PREFILL_BLOCK_C": c, "PREFILL_WARPS": w}
+              for t in (32, 64, 128) for c in (64, 128, 256) for w in (4, 8)]
+SETTINGS = {gated_delta: ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "INVERSE_PRECISION_NVIDIA"),
+            short_conv: ("PREFILL_BLOCK_T", "PREFILL_BLOCK_C", "PREFILL_WARPS")}
 
 
 def delta_inputs(num_tokens: int):
@@ -128,16 +132,19 @@ def decode_row(batch: int, rep: int) -> dict:
     return row
 
 
-def conv_rows(rep: int) -> list[dict]:
+def conv_prefill_launch(lengths: list[int]):
+    x = rand(sum(lengths), CONV_CHANNELS)
     weight = rand(CONV_CHANNELS, CONV_KERNEL, scale=0.5)
-    rows = []
-    for name, lengths in PREFILLS.items():
-        x = rand(sum(lengths), CONV_CHANNELS)
-        state = rand(len(lengths), CONV_CHANNELS, CONV_KERNEL - 1)
-        initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
-        cu = cu_seqlens(lengths)
-        rows.append({"op": "conv_prefill", "case": name, "tokens": sum(lengths), "ours_us": timed(
-            lambda: atom_kernels.causal_conv1d(x, weight, None, cu, state, initial), rep, True)})
+    state = rand(len(lengths), CONV_CHANNELS, CONV_KERNEL - 1)
+    initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
+    cu = cu_seqlens(lengths)
+    return lambda: atom_kernels.causal_conv1d(x, weight, None, cu, state, initial)
+
+
+def conv_rows(rep: int) -> list[dict]:
+    rows = [{"op": "conv_prefill", "case": name, "tokens": sum(lengths),
+             "ours_us": timed(conv_prefill_launch(lengths), rep, True)} for name, lengths in PREFILLS.items()]
+    weight = rand(CONV_CHANNELS, CONV_KERNEL, scale=0.5)
     for batch in DECODE_BATCHES:
         x = rand(batch, CONV_CHANNELS)
         cache = rand(2 * batch + 1, CONV_CHANNELS, CONV_KERNEL - 1)
@@ -161,29 +168,42 @@ def distance_from_ieee(launch, reference: tuple[torch.Tensor, torch.Tensor]) -> 
     return max(((x - ref).abs().max() / ref.abs().max()).item() for x, ref in zip(launch(), reference))
 
 
+def defaults() -> dict:
+    return {module: {name: getattr(module, name) for name in names} for module, names in SETTINGS.items()}
+
+
+def restore(saved: dict) -> None:
+    for module, values in saved.items():
+        for name, value in values.items():
+            setattr(module, name, value)
+
+
 def sweep_rows(rep: int) -> list[dict]:
-    """Each prefill case's two launches at every setting of their own (the other at its default); the
-    prepare rows also give their w / u distance from the inverse in IEEE fp32."""
-    defaults = {name: getattr(gated_delta, name) for name in SETTINGS}
+    """Each prefill case's launches (the delta rule's two, the conv's) at every setting of their own
+    (the others at their defaults); the prepare rows also give their w / u distance from the inverse
+    in IEEE fp32."""
+    saved = defaults()
     rows = []
     for case, lengths in PREFILLS.items():
         launches = prefill_launches(lengths)
+        launches["conv_us"] = conv_prefill_launch(lengths)
         reference = prepare_outputs(launches["prepare_us"], "ieee")
-        for key, settings_list in (("prepare_us", PREPARE_SWEEP), ("state_pass_us", STATE_SWEEP)):
+        for module, key, settings_list in ((gated_delta, "prepare_us", PREPARE_SWEEP),
+                                           (gated_delta, "state_pass_us", STATE_SWEEP),
+                                           (short_conv, "conv_us", CONV_SWEEP)):
             launch = launches[key]
             for settings in settings_list:
                 row = {"op": "prefill_sweep", "case": case, **settings}
                 try:
                     for name, value in settings.items():
-                        setattr(gated_delta, name, value)
+                        setattr(module, name, value)
                     row[key] = timed(launch, rep, True)
                     if key == "prepare_us":
                         row["rel_diff_vs_ieee"] = distance_from_ieee(launch, reference)
                 except Exception as error:  # noqa: BLE001  (a setting that does not compile is a row)
                     row["error"] = f"{type(error).__name__}: {error}"[:200]
                 finally:
-                    for name, value in defaults.items():
-                        setattr(gated_delta, name, value)
+                    restore(saved)
                 rows.append(row)
                 print(row, flush=True)
     return rows
@@ -206,7 +226,8 @@ def main() -> None:
     if not args.no_sweep:
         rows += sweep_rows(args.rep)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "defaults": {name: getattr(gated_delta, name) for name in SETTINGS}, "rows": rows}
+              "defaults": {name: value for values in defaults().values() for name, value in values.items()},
+              "rows": rows}
     Path(args.out).write_text(json.dumps(report, indent=1))
 
 

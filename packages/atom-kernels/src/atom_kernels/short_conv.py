@@ -309,7 +309,11 @@ def _causal_conv1d_decode_kernel(
                 KERNEL_SIZE, BLOCK_W)
 
 
-PREFILL_BLOCK_T = 64  # tokens per prefill program
+# The prefill launch's tiles: tokens and channels per program, and its warps
+# (benchmarks/kernels/bench_gated_delta.py sweeps them).
+PREFILL_BLOCK_T = 64
+PREFILL_BLOCK_C = 128
+PREFILL_WARPS = 4
 
 
 def _launch(
@@ -341,10 +345,12 @@ def _launch(
             BLOCK_W=block_w, **common,
         )
         return out
-    _causal_conv1d_prefill_kernel[(x.shape[0] // PREFILL_BLOCK_T + num_seqs, channel_blocks)](
+    prefill_block_c = min(next_pow2(channels), PREFILL_BLOCK_C)
+    _causal_conv1d_prefill_kernel[(x.shape[0] // PREFILL_BLOCK_T + num_seqs, triton.cdiv(channels, prefill_block_c))](
         x, weight, bias, out, conv_state, state_slots, cu_seqlens, has_initial_state, num_seqs, channels,
         x.stride(0), out.stride(0), weight.stride(0), *conv_state.stride(), HAS_BIAS=bias is not None,
-        SILU=activation == "silu", BLOCK_T=PREFILL_BLOCK_T, BLOCK_C=block_c, **common,
+        SILU=activation == "silu", BLOCK_T=PREFILL_BLOCK_T, BLOCK_C=prefill_block_c, num_warps=PREFILL_WARPS,
+        **common,
     )
     _conv_state_kernel[(num_seqs, channel_blocks)](
         x, conv_state, state_slots, cu_seqlens, has_initial_state, channels, x.stride(0), *conv_state.stride(),
