@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from kernel_testing import DEVICE, assert_close, compiled_variants, cu_seqlens, impl, rand
 
+from atom_kernels import gated_delta
+
 # Lengths around the 64-token chunk: one token, part of a chunk, exactly one, three chunks.
 LENGTHS = [1, 17, 64, 130]
 HAS_INITIAL = [True, False, True, False]
@@ -49,9 +51,12 @@ cases = pytest.mark.parametrize(
 
 
 @cases
+@pytest.mark.parametrize("split_output", [False, True], ids=["one-state-launch", "split-output"])
 def test_gated_delta_rule_triton_matches_torch(
-    num_k_heads, num_v_heads, head_k, head_v, dtype, use_qk_l2norm
+    num_k_heads, num_v_heads, head_k, head_v, dtype, use_qk_l2norm, split_output, monkeypatch
 ):
+    """Both forms of the state pass (gated_delta.SPLIT_OUTPUT)."""
+    monkeypatch.setattr(gated_delta, "SPLIT_OUTPUT", split_output)
     inputs = gdn_inputs(LENGTHS, num_k_heads, num_v_heads, head_k, head_v, dtype)
     state = initial_state(HAS_INITIAL, num_v_heads, head_k, head_v)
     expected_state = state.clone()
@@ -142,8 +147,6 @@ def test_chunked_rule_reuses_one_compiled_variant_across_batches():
     """The sequence count and the offset of a batch's slots and flags in the host's tensors (vLLM
     slices the decodes off the front) change every step; neither may compile another variant of the
     chunked form's kernels mid-serving."""
-    from atom_kernels import gated_delta
-
     num_k_heads, num_v_heads, head_k, head_v = 2, 4, 32, 16
     _, cache = state_cache_rows(64, num_v_heads, head_k, head_v, torch.float32)
     slots = torch.arange(64, dtype=torch.int32, device=DEVICE)
