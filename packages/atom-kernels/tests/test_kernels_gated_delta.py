@@ -160,7 +160,8 @@ def test_chunked_rule_reuses_one_compiled_variant_across_batches():
 
     def variants() -> int:
         return compiled_variants(gated_delta._gated_delta_chunk_prepare_kernel,
-                                 gated_delta._gated_delta_chunk_state_kernel)
+                                 gated_delta._gated_delta_chunk_state_kernel,
+                                 gated_delta._gated_delta_chunk_output_kernel)
 
     prefill(0, [16])
     compiled = variants()
