@@ -3,14 +3,14 @@
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
 # fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline
-# hybrid-checkpoint-offline gated-delta vllm-gpu-tests.
+# hybrid-checkpoint-offline hybrid-checkpoint-fp32 gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
@@ -81,6 +81,11 @@ for step in $steps; do
     hybrid-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                                  hybrid-ckpt-runs offline-hybrid-checkpoint.json \
                                  '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
+    # Agreement only, both engines in fp32 (100 GB of weights): in bf16 this checkpoint's near-tied
+    # logits differ by bf16's rounding alone (docs/performance.md, "Qwen3-Next on an H200").
+    hybrid-checkpoint-fp32) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
+                              hybrid-fp32-runs offline-hybrid-checkpoint-fp32.json \
+                              '--dtype float32 --throughput= --engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
     gated-delta) python3 "$here/kernels/bench_gated_delta.py" --out "$out/gated-delta.json" ;;
     # atom-vllm's GPU-only tests (no ATOM kernel compiling while serving; FA3 MLA against ATOM's kernels).
     vllm-gpu-tests) python3 -m pytest "$here/../packages/atom-vllm/tests/test_gpu_no_jit_while_serving.py" \

@@ -147,8 +147,11 @@ def served_by_lines(report: dict) -> list[str]:
 
 
 def weights_cell(entry: dict) -> str:
-    """"bf16 dummy", "block-FP8 128x128 checkpoint", ... (runs made before engines recorded it: dummy)."""
-    return f"{entry['weights']} {entry['native'].get('weights_from', 'dummy')}"
+    """"bf16 dummy", "block-FP8 128x128 checkpoint", "bf16 checkpoint, run in float32", ... (runs made
+    before engines recorded where their weights came from: dummy; their dtype: bfloat16)."""
+    run = entry["native"]
+    cell = f"{entry['weights']} {run.get('weights_from', 'dummy')}"
+    return cell if run.get("dtype", "bfloat16") == "bfloat16" else f"{cell}, run in {run['dtype']}"
 
 
 def logprob_cell(diff: float | None) -> str:
@@ -167,13 +170,17 @@ def markdown(report: dict) -> str:
              "identical sequences | first-step logprob max diff |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in report["models"].items():
         memory = f"{gib(entry['native'])} / {gib(entry['atom'])}"
-        if "ratio" not in entry:
+        if "agreement" not in entry:
             lines.append(f"| {name} | {weights_cell(entry)} | {memory} | failed | | | | |")
             continue
         agreement = entry["agreement"]
+        if "ratio" in entry:  # a run with --throughput= (agreement only) has none
+            speed = (f"{entry['native']['throughput']['output_tok_s']:.0f} | "
+                     f"{entry['atom']['throughput']['output_tok_s']:.0f} | {entry['ratio']['output_tok_s']:.2f}")
+        else:
+            speed = "— | — | —"
         lines.append(
-            f"| {name} | {weights_cell(entry)} | {memory} | {entry['native']['throughput']['output_tok_s']:.0f} | "
-            f"{entry['atom']['throughput']['output_tok_s']:.0f} | {entry['ratio']['output_tok_s']:.2f} | "
+            f"| {name} | {weights_cell(entry)} | {memory} | {speed} | "
             f"{agreement['identical_sequences']}/{agreement['prompts']} x {agreement['tokens_per_prompt']} tokens | "
             f"{logprob_cell(agreement['first_step_top20_logprob_max_abs_diff'])} |")
     lines += ["", "Served by:", "", *served_by_lines(report)]

@@ -3,6 +3,7 @@
 Run in a fresh process per configuration (vLLM reads plugins and ATOM_* switches once per process):
     python engine_run.py (--config CONFIG.json | --checkpoint DIR) --out RESULT.json [--eager]
         [--correctness N,L] [--throughput N,IN,OUT] [--decode-step B,S] [--kv-cache-dtype auto|fp8|...]
+        [--dtype float32]
 Prompts are random token ids with a fixed seed, so native and ATOM runs see the same inputs (the
 workload, its arguments and the result's keys are offline_workload.py's, shared with sglang_run.py); dummy
 weights depend only on each parameter's shape (vLLM's dummy loader), so both see the same weights.
@@ -59,7 +60,7 @@ def main() -> None:
     path, load_format, config = model_dir(args)
     vocab = config["vocab_size"]
     start = time.perf_counter()
-    llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype="bfloat16",
+    llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype=args.dtype,
               max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0,
               gpu_memory_utilization=0.85, kv_cache_dtype=args.kv_cache_dtype, **dict(args.engine_arg))
     result = run_header(args, "vllm", os.environ.get("ATOM_DISABLE_VLLM_PLUGIN") == "1",

@@ -32,6 +32,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--throughput", default="256,1024,128", help="prompts,in,out ('' to skip)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-dtype", default="auto", help="the engine's kv_cache_dtype")
+    parser.add_argument("--dtype", default="bfloat16",
+                        help="the engine's dtype (float32: an agreement check without bf16's rounding)")
     parser.add_argument("--engine-arg", action="append", default=[], type=engine_arg, metavar="KEY=VALUE",
                         help="a further argument of the engine (vLLM's LLM, sglang.Engine), repeatable; the "
                              "value is read as JSON where it parses: additional_config={\"k\":\"v\"}")
@@ -71,7 +73,7 @@ def run_header(args: argparse.Namespace, engine: str, atom_disabled: bool, engin
     """The keys every engine run's result starts with."""
     return {"engine": engine, "config": os.path.basename(args.config or args.checkpoint), "eager": args.eager,
             "weights_from": "checkpoint" if getattr(args, "checkpoint", None) else "dummy",
-            "kv_cache_dtype": args.kv_cache_dtype, "atom_disabled": atom_disabled,
+            "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "atom_disabled": atom_disabled,
             "engine_start_s": engine_start_s, "served_by": served_by}
 
 

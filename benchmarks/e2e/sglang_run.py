@@ -3,7 +3,7 @@ keys, for SGLang.
 
 Run in a fresh process per configuration (SGLang loads plugins and reads ATOM_* switches once per process):
     python sglang_run.py (--config CONFIG.json | --checkpoint DIR) --out RESULT.json [--eager]
-        [--correctness N,L] [--throughput N,IN,OUT] [--kv-cache-dtype auto|fp8_e4m3|...]
+        [--correctness N,L] [--throughput N,IN,OUT] [--kv-cache-dtype auto|fp8_e4m3|...] [--dtype float32]
         [--engine-arg KEY=VALUE ...]
 ATOM_DISABLE_SGLANG_PLUGIN=1 runs SGLang without ATOM (native). Otherwise SGLang's defaults: CUDA
 graphs (``--eager``: disable_cuda_graph), radix cache, chunked prefill, its default attention backend
@@ -67,7 +67,7 @@ def main() -> None:
     vocab = config["vocab_size"]
     start = time.perf_counter()
     engine = sglang.Engine(**{
-        "model_path": path, "load_format": load_format, "skip_tokenizer_init": True, "dtype": "bfloat16",
+        "model_path": path, "load_format": load_format, "skip_tokenizer_init": True, "dtype": args.dtype,
         "context_length": args.max_model_len, "disable_cuda_graph": args.eager, "random_seed": 0,
         "kv_cache_dtype": args.kv_cache_dtype, **dict(args.engine_arg)})
     engine_start_s = time.perf_counter() - start
