@@ -11,9 +11,9 @@ Rows, bf16 activations:
 - ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
 With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
 form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, INVERSE_PRECISION_NVIDIA, SPLIT_OUTPUT with
-OUTPUT_WARPS in atom_kernels.gated_delta) and of the conv prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C,
-PREFILL_WARPS in atom_kernels.short_conv);
-the prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
+OUTPUT_WARPS; the whole op with WU_16BIT and SPLIT_OUTPUT; all in atom_kernels.gated_delta) and of
+the conv prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS in atom_kernels.short_conv); the
+prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
 
 Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
 and vLLM's prefill run outside CUDA graphs), the decode rows replayed from a CUDA graph. A row whose
@@ -45,10 +45,12 @@ PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
     {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")]
 STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)] + [
     {"SPLIT_OUTPUT": True, "STATE_BLOCK_V": b, "OUTPUT_WARPS": w} for b in (64, 128) for w in (4, 8)]
+# Options that change both launches: the whole op.
+WHOLE_OP_SWEEP = [{"WU_16BIT": True}, {"SPLIT_OUTPUT": True}, {"WU_16BIT": True, "SPLIT_OUTPUT": True}]
 CONV_SWEEP = [{"PREFILL_BLOCK_T": t, "PREFILL_BLOCK_C": c, "PREFILL_WARPS": w}
               for t in (32, 64, 128) for c in (64, 128, 256) for w in (4, 8)]
 SETTINGS = {gated_delta: ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "INVERSE_PRECISION_NVIDIA",
-                          "SPLIT_OUTPUT", "OUTPUT_WARPS"),
+                          "SPLIT_OUTPUT", "OUTPUT_WARPS", "WU_16BIT"),
             short_conv: ("PREFILL_BLOCK_T", "PREFILL_BLOCK_C", "PREFILL_WARPS")}
 
 
@@ -193,6 +195,7 @@ def sweep_rows(rep: int) -> list[dict]:
         reference = prepare_outputs(launches["prepare_us"], "ieee")
         for module, key, settings_list in ((gated_delta, "prepare_us", PREPARE_SWEEP),
                                            (gated_delta, "state_pass_us", STATE_SWEEP),
+                                           (gated_delta, "ours_us", WHOLE_OP_SWEEP),
                                            (short_conv, "conv_us", CONV_SWEEP)):
             launch = launches[key]
             for settings in settings_list:

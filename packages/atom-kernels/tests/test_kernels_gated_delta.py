@@ -50,13 +50,17 @@ cases = pytest.mark.parametrize(
 )
 
 
+# The chunked form's options (module settings of atom_kernels.gated_delta), each on its own.
+FORMS = {"default": {}, "split-output": {"SPLIT_OUTPUT": True}, "16-bit-wu": {"WU_16BIT": True}}
+
+
 @cases
-@pytest.mark.parametrize("split_output", [False, True], ids=["one-state-launch", "split-output"])
+@pytest.mark.parametrize("form", FORMS)
 def test_gated_delta_rule_triton_matches_torch(
-    num_k_heads, num_v_heads, head_k, head_v, dtype, use_qk_l2norm, split_output, monkeypatch
+    num_k_heads, num_v_heads, head_k, head_v, dtype, use_qk_l2norm, form, monkeypatch
 ):
-    """Both forms of the state pass (gated_delta.SPLIT_OUTPUT)."""
-    monkeypatch.setattr(gated_delta, "SPLIT_OUTPUT", split_output)
+    for name, value in FORMS[form].items():
+        monkeypatch.setattr(gated_delta, name, value)
     inputs = gdn_inputs(LENGTHS, num_k_heads, num_v_heads, head_k, head_v, dtype)
     state = initial_state(HAS_INITIAL, num_v_heads, head_k, head_v)
     expected_state = state.clone()

@@ -47,6 +47,10 @@ NUM_STAGES = 1
 # (OUTPUT_WARPS). Off until measured on a GPU (bench_gated_delta.py sweeps it).
 SPLIT_OUTPUT = False
 OUTPUT_WARPS = 4
+# w and u between the two launches in the activations' 16-bit type, as FLA keeps them, instead of fp32:
+# half their memory traffic (each 268 MB per Qwen3-Next layer of 16k tokens in fp32). Off until
+# measured on a GPU (bench_gated_delta.py sweeps it).
+WU_16BIT = False
 # The prepare launch's inverse dots on NVIDIA GPUs for 16-bit activations. One TF32 pass: on the H200
 # at fc29ad0 it took 0.99 ms per Qwen3-Next layer against 2.52 ms for three (tf32x3), and its w / u
 # lay within 3.3e-4 of IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of
@@ -318,9 +322,9 @@ def _gated_delta_chunk_prepare_kernel(
         u = tl.dot(T, v * beta[:, None], input_precision=DOT_PRECISION)
         w = tl.dot(T, k * (beta * tl.exp(G))[:, None], input_precision=DOT_PRECISION)
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
-        tl.store(u_ptr + u_offs, u, mask=row_mask[:, None] & v_mask[None, :])
+        tl.store(u_ptr + u_offs, u.to(u_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
         w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
-        tl.store(w_ptr + w_offs, w, mask=row_mask[:, None] & k_mask[None, :])
+        tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=row_mask[:, None] & k_mask[None, :])
 
 
 @triton.jit
@@ -469,9 +473,9 @@ def _gated_delta_chunk_state_kernel(
                             k_mask, USE_QK_L2NORM)
         G, G_last = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
         w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
-        w = tl.load(w_ptr + w_offs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_ptr + w_offs, mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
-        u = tl.load(u_ptr + u_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0)
+        u = tl.load(u_ptr + u_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
         v_new = u - tl.dot(w, S, input_precision=DOT_PRECISION)
         if SPLIT_OUTPUT:
             block = start // CHUNK + seq + chunk_start // CHUNK
@@ -584,12 +588,14 @@ def _dot_precision(q: torch.Tensor) -> str:
 
 
 def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked form's first launch: w [T, HV, K] and u [T, HV, V] (fp32) of every chunk."""
+    """The chunked form's first launch: w [T, HV, K] and u [T, HV, V] of every chunk (fp32, or k's
+    16-bit type with WU_16BIT)."""
     num_tokens, num_k_heads, head_k_dim = k.shape
     num_v_heads, head_v_dim = v.shape[1:]
     num_seqs = cu_seqlens.shape[0] - 1
-    w = torch.empty(num_tokens, num_v_heads, head_k_dim, dtype=torch.float32, device=k.device)
-    u = torch.empty(num_tokens, num_v_heads, head_v_dim, dtype=torch.float32, device=k.device)
+    wu_dtype = k.dtype if WU_16BIT and k.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    w = torch.empty(num_tokens, num_v_heads, head_k_dim, dtype=wu_dtype, device=k.device)
+    u = torch.empty(num_tokens, num_v_heads, head_v_dim, dtype=wu_dtype, device=k.device)
     _gated_delta_chunk_prepare_kernel[(num_tokens // CHUNK_SIZE + num_seqs, num_v_heads)](
         k, v, g, beta, w, u, cu_seqlens, num_seqs, num_v_heads // num_k_heads, *k.stride()[:2],
         *v.stride()[:2], g.stride(0), beta.stride(0), *w.stride()[:2], *u.stride()[:2],
