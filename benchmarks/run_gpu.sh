@@ -3,14 +3,14 @@
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
 # fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline
-# hybrid-checkpoint-offline hybrid-checkpoint-fp32 gated-delta vllm-gpu-tests.
+# hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
@@ -86,6 +86,14 @@ for step in $steps; do
     hybrid-checkpoint-fp32) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                               hybrid-fp32-runs offline-hybrid-checkpoint-fp32.json \
                               '--dtype float32 --throughput= --engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
+    # The bf16 floor for reading those agreement numbers: HF's model in fp32 against bf16 on the GPU,
+    # at all 512 experts (the CPU machine holds 48 in fp32).
+    hybrid-bf16-noise) tmp=$(mktemp -d)
+                       python3 "$here/e2e/random_checkpoint.py" --config "$here/models/qwen3-next-80b-a3b-16l.json" \
+                         --out "$tmp/ckpt"
+                       (cd "$here/e2e" && python3 bf16_noise.py --checkpoint "$tmp/ckpt" --prompts 64 \
+                         --out "$out/bf16-noise-qwen3-next-80b-a3b-16l.json")
+                       rm -rf "$tmp" ;;
     gated-delta) python3 "$here/kernels/bench_gated_delta.py" --out "$out/gated-delta.json" ;;
     # atom-vllm's GPU-only tests (no ATOM kernel compiling while serving; FA3 MLA against ATOM's kernels).
     vllm-gpu-tests) python3 -m pytest "$here/../packages/atom-vllm/tests/test_gpu_no_jit_while_serving.py" \
