@@ -159,15 +159,6 @@ def conv_rows(rep: int) -> list[dict]:
     return rows
 
 
-def prepare_outputs(launch, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    default = gated_delta.INVERSE_PRECISION_NVIDIA
-    gated_delta.INVERSE_PRECISION_NVIDIA = precision
-    try:
-        return launch()
-    finally:
-        gated_delta.INVERSE_PRECISION_NVIDIA = default
-
-
 def distance_from_ieee(launch, reference: tuple[torch.Tensor, torch.Tensor]) -> float:
     """Largest |w - w_ieee| or |u - u_ieee| of the prepare launch, relative to the largest IEEE value."""
     return max(((x - ref).abs().max() / ref.abs().max()).item() for x, ref in zip(launch(), reference))
@@ -177,22 +168,28 @@ def defaults() -> dict:
     return {module: {name: getattr(module, name) for name in names} for module, names in SETTINGS.items()}
 
 
-def restore(saved: dict) -> None:
-    for module, values in saved.items():
-        for name, value in values.items():
+def run_with(module, settings: dict, fn):
+    """``fn()`` with ``settings`` set on ``module``, every setting back at its default after."""
+    saved = defaults()
+    try:
+        for name, value in settings.items():
             setattr(module, name, value)
+        return fn()
+    finally:
+        for saved_module, values in saved.items():
+            for name, value in values.items():
+                setattr(saved_module, name, value)
 
 
 def sweep_rows(rep: int) -> list[dict]:
     """Each prefill case's launches (the delta rule's two, the conv's) at every setting of their own
     (the others at their defaults); the prepare rows also give their w / u distance from the inverse
     in IEEE fp32."""
-    saved = defaults()
     rows = []
     for case, lengths in PREFILLS.items():
         launches = prefill_launches(lengths)
         launches["conv_us"] = conv_prefill_launch(lengths)
-        reference = prepare_outputs(launches["prepare_us"], "ieee")
+        reference = run_with(gated_delta, {"INVERSE_PRECISION_NVIDIA": "ieee"}, launches["prepare_us"])
         for module, key, settings_list in ((gated_delta, "prepare_us", PREPARE_SWEEP),
                                            (gated_delta, "state_pass_us", STATE_SWEEP),
                                            (gated_delta, "ours_us", WHOLE_OP_SWEEP),
@@ -200,16 +197,16 @@ def sweep_rows(rep: int) -> list[dict]:
             launch = launches[key]
             for settings in settings_list:
                 row = {"op": "prefill_sweep", "case": case, **settings}
-                try:
-                    for name, value in settings.items():
-                        setattr(module, name, value)
+
+                def measure():
                     row[key] = timed(launch, rep, True)
                     if key == "prepare_us":
                         row["rel_diff_vs_ieee"] = distance_from_ieee(launch, reference)
+
+                try:
+                    run_with(module, settings, measure)
                 except Exception as error:  # noqa: BLE001  (a setting that does not compile is a row)
                     row["error"] = f"{type(error).__name__}: {error}"[:200]
-                finally:
-                    restore(saved)
                 rows.append(row)
                 print(row, flush=True)
     return rows

@@ -230,6 +230,21 @@ def _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_c
 
 
 @triton.jit
+def _columns(block, BLOCK: tl.constexpr, HEAD: tl.constexpr):
+    """Column block ``block`` of BLOCK columns of a head of HEAD: the columns and which are in it."""
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    return cols, cols < HEAD
+
+
+@triton.jit
+def _chunk_rows(start, first, length, CHUNK: tl.constexpr):
+    """A chunk of a sequence (rows ``start``.. of it ``length``) from its row ``first``: the rows
+    within the chunk, which of them the sequence has, and their tokens."""
+    rows = tl.arange(0, CHUNK)
+    return rows, first + rows < length, start + first + rows
+
+
+@triton.jit
 def _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head):
     """Cumulative log decays G [CHUNK] within the chunk and their total G_last."""
     g = tl.load(g_ptr + tokens.to(tl.int64) * g_stride_t + head, mask=row_mask, other=0.0).to(tl.float32)
@@ -299,13 +314,9 @@ def _gated_delta_chunk_prepare_kernel(
     key_head = head // group
     seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, CHUNK)
     if first < length:
-        rows = tl.arange(0, CHUNK)
-        row_mask = first + rows < length
-        tokens = start + first + rows
-        k_cols = tl.arange(0, BLOCK_K)
-        k_mask = k_cols < HEAD_K
-        v_cols = tl.arange(0, BLOCK_V)
-        v_mask = v_cols < HEAD_V
+        rows, row_mask, tokens = _chunk_rows(start, first, length, CHUNK)
+        k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
+        v_cols, v_mask = _columns(0, BLOCK_V, HEAD_V)
         k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
                             k_mask, USE_QK_L2NORM)
         v_offs = tokens.to(tl.int64)[:, None] * v_stride_t + head * v_stride_h + v_cols[None, :]
@@ -380,13 +391,9 @@ def _gated_delta_chunk_output_kernel(
     head = tl.program_id(1)
     seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, CHUNK)
     if first < length:
-        rows = tl.arange(0, CHUNK)
-        row_mask = first + rows < length
-        tokens = start + first + rows
-        k_cols = tl.arange(0, BLOCK_K)
-        k_mask = k_cols < HEAD_K
-        v_cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-        v_mask = v_cols < HEAD_V
+        rows, row_mask, tokens = _chunk_rows(start, first, length, CHUNK)
+        k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
+        v_cols, v_mask = _columns(tl.program_id(2), BLOCK_V, HEAD_V)
         num_v_heads = tl.num_programs(1)
         key_head = head // group
         q = _load_query_key(q_ptr + key_head * q_stride_h, tokens, row_mask, q_stride_t, k_cols,
@@ -453,10 +460,8 @@ def _gated_delta_chunk_state_kernel(
     key_head = head // group
     start = tl.load(cu_seqlens_ptr + seq)
     length = tl.load(cu_seqlens_ptr + seq + 1) - start
-    k_cols = tl.arange(0, BLOCK_K)
-    k_mask = k_cols < HEAD_K
-    v_cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_mask = v_cols < HEAD_V
+    k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
+    v_cols, v_mask = _columns(tl.program_id(2), BLOCK_V, HEAD_V)
     state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
                                  HEAD_K, HEAD_V, HAS_SLOTS)
     state_mask = k_mask[:, None] & v_mask[None, :]
@@ -467,8 +472,7 @@ def _gated_delta_chunk_state_kernel(
     causal = rows[:, None] >= rows[None, :]
     num_v_heads = tl.num_programs(1)
     for chunk_start in range(0, length, CHUNK):
-        row_mask = chunk_start + rows < length
-        tokens = start + chunk_start + rows
+        _, row_mask, tokens = _chunk_rows(start, chunk_start, length, CHUNK)
         k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
                             k_mask, USE_QK_L2NORM)
         G, G_last = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
@@ -529,10 +533,8 @@ def _gated_delta_rule_decode_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     key_head = head // group
-    k_cols = tl.arange(0, BLOCK_K)
-    k_mask = k_cols < HEAD_K
-    v_cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_mask = v_cols < HEAD_V
+    k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
+    v_cols, v_mask = _columns(tl.program_id(2), BLOCK_V, HEAD_V)
     state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
                                  HEAD_K, HEAD_V, HAS_SLOTS)
     state_mask = k_mask[:, None] & v_mask[None, :]
