@@ -81,11 +81,12 @@ for step in $steps; do
     hybrid-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                                  hybrid-ckpt-runs offline-hybrid-checkpoint.json \
                                  '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
-    # Agreement only, both engines in fp32 (100 GB of weights): in bf16 this checkpoint's near-tied
-    # logits differ by bf16's rounding alone (docs/performance.md, "Qwen3-Next on an H200").
+    # Agreement only, both engines in fp32 (100 GB of weights) and eager (no compile or graph capture to
+    # wait for): in bf16 this checkpoint's near-tied logits differ by bf16's rounding alone
+    # (docs/performance.md, "Qwen3-Next on an H200").
     hybrid-checkpoint-fp32) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                               hybrid-fp32-runs offline-hybrid-checkpoint-fp32.json \
-                              '--dtype float32 --throughput= --engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
+                              '--dtype float32 --eager --throughput= --engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
     # The bf16 floor for reading those agreement numbers: HF's model in fp32 against bf16 on the GPU,
     # at all 512 experts (the CPU machine holds 48 in fp32).
     hybrid-bf16-noise) tmp=$(mktemp -d)

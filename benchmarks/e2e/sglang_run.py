@@ -19,6 +19,11 @@ one seed per parameter, so they depend only on its size and dtype, and native an
 process cannot reach; ATOM's log lines from there say which model class served, so this script keeps a
 copy of its stderr, which the scheduler inherits. ``weights_gib``: the scheduler's own figure (the
 device memory loading the weights took; on CPU, a difference of free system memory, meaningless).
+
+With ATOM_LOG_TRITON_COMPILES=1 every process of the engine logs its Triton compiles
+(atom_core.testing.jit_monitor; SGLang's scheduler is spawned, which runs this module's top level again)
+and the result lists, under ``compiled_while_serving``, the kernels (ATOM's or SGLang's) compiled after
+the engine was ready: the kernels whose compiling a first timed pass pays for.
 """
 
 import argparse
@@ -37,8 +42,15 @@ from offline_workload import (
     write_result,
 )
 
+from atom_core.testing.jit_monitor import JIT_LINE
 from atom_sglang import envs
 from atom_sglang.served_by import describe_served_model
+
+LOG_COMPILES = os.environ.get("ATOM_LOG_TRITON_COMPILES") == "1"
+if LOG_COMPILES:
+    from atom_core.testing.jit_monitor import log_triton_compiles
+
+    log_triton_compiles()
 
 TOP_LOGPROBS = 20
 
@@ -71,16 +83,21 @@ def main() -> None:
         "context_length": args.max_model_len, "disable_cuda_graph": args.eager, "random_seed": 0,
         "kv_cache_dtype": args.kv_cache_dtype, **dict(args.engine_arg)})
     engine_start_s = time.perf_counter() - start
+    ready_at = os.path.getsize(log_path)
     try:
         measured = measure(engine, args, vocab)
         scheduler = engine.get_server_info()["internal_states"][0]
     finally:
         engine.shutdown()
     # The scheduler wrote ATOM's lines while it built the model, long before: tee has copied them.
-    with open(log_path, errors="replace") as log:
-        served_by = describe_served_model(log.read(), scheduler)
+    with open(log_path, "rb") as log:
+        logged = log.read()
     os.unlink(log_path)
-    result = run_header(args, "sglang", envs.plugin_disabled(), engine_start_s, served_by)
+    text = logged.decode(errors="replace")
+    result = run_header(args, "sglang", envs.plugin_disabled(), engine_start_s,
+                        describe_served_model(text, scheduler))
+    if LOG_COMPILES:
+        result["compiled_while_serving"] = sorted(set(JIT_LINE.findall(logged[ready_at:].decode(errors="replace"))))
     write_result({**result, "weights_gib": float(scheduler["memory_usage"]["weight"]), **measured}, args.out)
 
 
