@@ -81,12 +81,20 @@ for step in $steps; do
     hybrid-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                                  hybrid-ckpt-runs offline-hybrid-checkpoint.json \
                                  '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
-    # Agreement only, both engines in fp32 (100 GB of weights) and eager (no compile or graph capture to
-    # wait for): in bf16 this checkpoint's near-tied logits differ by bf16's rounding alone
-    # (docs/performance.md, "Qwen3-Next on an H200").
-    hybrid-checkpoint-fp32) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
-                              hybrid-fp32-runs offline-hybrid-checkpoint-fp32.json \
-                              '--dtype float32 --eager --throughput= --engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
+    # Agreement only, in fp32 (100 GB of weights), eager: in bf16 this checkpoint's near-tied logits differ
+    # by bf16's rounding alone (docs/performance.md, "Qwen3-Next on an H200"). vLLM alone does not run
+    # Qwen3-Next in fp32 (its FLA chunk kernel asserts bf16), so ATOM's first-step logprobs go against
+    # HF's model in fp32 on the same GPU.
+    hybrid-checkpoint-fp32) tmp=$(mktemp -d); mkdir -p "$out/hybrid-fp32-runs"
+                            python3 "$here/e2e/random_checkpoint.py" --config "$here/models/qwen3-next-80b-a3b-16l.json" \
+                              --out "$tmp/ckpt"
+                            run=$out/hybrid-fp32-runs/run-qwen3-next-80b-a3b-16l-atom.json
+                            ATOM_SERVE_HYBRID_ON_GPU=1 python3 "$here/e2e/engine_run.py" --checkpoint "$tmp/ckpt" \
+                              --out "$run" --dtype float32 --eager --throughput= \
+                              --engine-arg 'additional_config={"gdn_prefill_backend":"triton"}' > "$run.log" 2>&1
+                            (cd "$here/e2e" && python3 hf_first_logprobs.py --checkpoint "$tmp/ckpt" --runs "$run" \
+                              --dtype float32 --out "$out/hybrid-fp32-vs-hf.json")
+                            rm -rf "$tmp" ;;
     # The bf16 floor for reading those agreement numbers: HF's model in fp32 against bf16 on the GPU,
     # at all 512 experts (the CPU machine holds 48 in fp32).
     hybrid-bf16-noise) tmp=$(mktemp -d)

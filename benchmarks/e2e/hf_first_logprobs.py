@@ -2,9 +2,11 @@
 log-probabilities of engine_run.py's correctness prompts.
 
     python hf_first_logprobs.py --checkpoint DIR --runs RUN.json [RUN.json ...] --out RESULT.json
+        [--dtype float32]
 
 HF runs the checkpoint in bf16 on the GPU (an MXFP4 one dequantized by HF itself, as its CPU path
-does), eager attention. For each engine run: how often its first token is HF's, and the largest and
+does), eager attention; with ``--dtype float32`` loaded in bf16 and widened in place (for engine runs
+in fp32: 100 GB of Qwen3-Next-16l weights, whose bf16 checkpoint host memory holds once). For each engine run: how often its first token is HF's, and the largest and
 mean difference of the log-probabilities both put in their top 20.
 """
 
@@ -15,7 +17,7 @@ import torch
 from offline_workload import correctness_prompts
 
 
-def hf_first_logprobs(checkpoint: str, prompts: list[list[int]]) -> list[dict[int, float]]:
+def hf_first_logprobs(checkpoint: str, prompts: list[list[int]], fp32: bool) -> list[dict[int, float]]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(checkpoint)
@@ -26,6 +28,8 @@ def hf_first_logprobs(checkpoint: str, prompts: list[list[int]]) -> list[dict[in
         kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16, device_map="cuda",
                                                  attn_implementation="eager", **kwargs).eval()
+    if fp32:
+        model.float()
     result = []
     with torch.no_grad():
         for prompt in prompts:
@@ -50,12 +54,14 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--runs", nargs="+", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = parser.parse_args()
     runs = {path: json.load(open(path)) for path in args.runs}
     count = len(next(iter(runs.values()))["correctness"]["first_logprobs"])
     vocab = json.load(open(f"{args.checkpoint}/config.json"))["vocab_size"]
-    hf = hf_first_logprobs(args.checkpoint, correctness_prompts(count, vocab))
-    report = {path: {"atom_disabled": run["atom_disabled"], **compare(run["correctness"]["first_logprobs"], hf)}
+    hf = hf_first_logprobs(args.checkpoint, correctness_prompts(count, vocab), args.dtype == "float32")
+    report = {path: {"atom_disabled": run["atom_disabled"], "hf_dtype": args.dtype,
+                     **compare(run["correctness"]["first_logprobs"], hf)}
               for path, run in runs.items()}
     json.dump(report, open(args.out, "w"), indent=1)
     print(json.dumps(report, indent=1))

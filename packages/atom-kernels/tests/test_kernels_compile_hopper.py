@@ -52,9 +52,8 @@ def main() -> None:
          dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32",
               INVERSE_PRECISION=gated_delta.INVERSE_PRECISION_NVIDIA),
          gated_delta.PREPARE_WARPS, gated_delta.NUM_STAGES),
-        *((gated_delta._gated_delta_chunk_state_kernel, dict(chunks, HAS_SLOTS=True, SPLIT_OUTPUT=split),
-           gated_delta.STATE_WARPS, gated_delta.NUM_STAGES) for split in (False, True)),
-        (gated_delta._gated_delta_chunk_output_kernel, chunks, gated_delta.OUTPUT_WARPS, gated_delta.NUM_STAGES),
+        (gated_delta._gated_delta_chunk_state_kernel, dict(chunks, HAS_SLOTS=True), gated_delta.STATE_WARPS,
+         gated_delta.NUM_STAGES),
         (gated_delta._gated_delta_rule_decode_kernel, dict(heads, HAS_SLOTS=True, BLOCK_V=gated_delta.STATE_BLOCK_V),
          4),
         (short_conv._causal_conv1d_prefill_kernel,
@@ -70,9 +69,8 @@ def main() -> None:
 
 
 HOPPER_SHARED_BYTES = 227 * 1024  # the most one sm90 block may use
-KERNELS = {"_gated_delta_chunk_prepare_kernel", "_gated_delta_chunk_state_kernel", "_gated_delta_chunk_output_kernel",
-           "_gated_delta_rule_decode_kernel", "_causal_conv1d_prefill_kernel", "_conv_state_kernel",
-           "_causal_conv1d_decode_kernel"}
+KERNELS = {"_gated_delta_chunk_prepare_kernel", "_gated_delta_chunk_state_kernel", "_gated_delta_rule_decode_kernel",
+           "_causal_conv1d_prefill_kernel", "_conv_state_kernel", "_causal_conv1d_decode_kernel"}
 
 
 def test_gated_delta_and_conv_kernels_compile_for_hopper():

@@ -42,15 +42,13 @@ PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 NUM_STAGES = 1
-# The state pass in two launches, as FLA's kernels run it: the sequential walk stores each chunk's
-# entering state and v' (16-bit for 16-bit activations), then every chunk's output at once
-# (OUTPUT_WARPS). Off until measured on a GPU (bench_gated_delta.py sweeps it).
-SPLIT_OUTPUT = False
-OUTPUT_WARPS = 4
 # w and u between the two launches in the activations' 16-bit type, as FLA keeps them, instead of fp32:
-# half their memory traffic (each 268 MB per Qwen3-Next layer of 16k tokens in fp32). Off until
-# measured on a GPU (bench_gated_delta.py sweeps it).
-WU_16BIT = False
+# half their memory traffic (each 268 MB per Qwen3-Next layer of 16k tokens in fp32). On the H200 at
+# cf4c7d6 the whole op took 2.02 ms against 2.20 in fp32 for 16 x 1024 tokens, level for 2 x 8192
+# (benchmarks/results/gated-delta-h200-cf4c7d6.json). The state pass in two launches as FLA runs it
+# (each chunk's entering state and v' stored, then every chunk's output at once) measured level or
+# slower there and was removed.
+WU_16BIT = True
 # The prepare launch's inverse dots on NVIDIA GPUs for 16-bit activations. One TF32 pass: on the H200
 # at fc29ad0 it took 0.99 ms per Qwen3-Next layer against 2.52 ms for three (tf32x3), and its w / u
 # lay within 3.3e-4 of IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of
@@ -347,70 +345,6 @@ def _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION: tl.constexpr):
     return o + tl.dot(qk, v_new, input_precision=DOT_PRECISION)
 
 
-@triton.jit
-def _h_pointers(h_ptr, block, head, num_v_heads, k_cols, v_cols, HEAD_K: tl.constexpr, HEAD_V: tl.constexpr):
-    """[BLOCK_K, BLOCK_V] pointers to row block ``block``'s entering state in ``h`` [blocks, HV, K, V]."""
-    base = (block.to(tl.int64) * num_v_heads + head) * HEAD_K * HEAD_V
-    return h_ptr + base + k_cols[:, None] * HEAD_V + v_cols[None, :]
-
-
-@triton.jit
-def _v_new_pointers(v_new_ptr, tokens, head, num_v_heads, v_cols, HEAD_V: tl.constexpr):
-    """[CHUNK, BLOCK_V] pointers to v' of ``tokens`` in ``v_new`` [T, HV, V]."""
-    return v_new_ptr + (tokens.to(tl.int64)[:, None] * num_v_heads + head) * HEAD_V + v_cols[None, :]
-
-
-@triton.jit(do_not_specialize=["num_seqs"], do_not_specialize_on_alignment=["cu_seqlens_ptr", "g_ptr"])
-def _gated_delta_chunk_output_kernel(
-    q_ptr,
-    k_ptr,
-    g_ptr,
-    h_ptr,
-    v_new_ptr,
-    out_ptr,
-    cu_seqlens_ptr,
-    num_seqs,
-    group,
-    q_stride_t,
-    q_stride_h,
-    k_stride_t,
-    k_stride_h,
-    g_stride_t,
-    out_stride_t,
-    scale,
-    HEAD_K: tl.constexpr,
-    HEAD_V: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """The split state pass's outputs: one program per (row block, value head, block of value
-    columns), every chunk at once, from the state ``h`` the chunk entered with and its v'."""
-    head = tl.program_id(1)
-    seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, CHUNK)
-    if first < length:
-        rows, row_mask, tokens = _chunk_rows(start, first, length, CHUNK)
-        k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
-        v_cols, v_mask = _columns(tl.program_id(2), BLOCK_V, HEAD_V)
-        num_v_heads = tl.num_programs(1)
-        key_head = head // group
-        q = _load_query_key(q_ptr + key_head * q_stride_h, tokens, row_mask, q_stride_t, k_cols,
-                            k_mask, USE_QK_L2NORM) * scale
-        k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
-                            k_mask, USE_QK_L2NORM)
-        G, _ = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
-        block = tl.program_id(0)
-        S = tl.load(_h_pointers(h_ptr, block, head, num_v_heads, k_cols, v_cols, HEAD_K, HEAD_V),
-                    mask=k_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-        v_new = tl.load(_v_new_pointers(v_new_ptr, tokens, head, num_v_heads, v_cols, HEAD_V),
-                        mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-        o = _chunk_output(q, k, G, S, v_new, rows[:, None] >= rows[None, :], DOT_PRECISION)
-        out_offs = tokens.to(tl.int64)[:, None] * out_stride_t + head * HEAD_V + v_cols[None, :]
-        tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
-
-
 @triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr", "g_ptr"])
 def _gated_delta_chunk_state_kernel(
     q_ptr,
@@ -423,8 +357,6 @@ def _gated_delta_chunk_state_kernel(
     slots_ptr,
     cu_seqlens_ptr,
     has_initial_state_ptr,
-    h_ptr,
-    v_new_ptr,
     group,
     q_stride_t,
     q_stride_h,
@@ -446,15 +378,11 @@ def _gated_delta_chunk_state_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SPLIT_OUTPUT: tl.constexpr,
 ):
     """The state pass: one program per (sequence, value head, block of value columns) walks its
     chunks in order, carrying its slice of S [K, BLOCK_V] (the columns of S are independent):
     v' = u - w S, o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v',
-    S = exp(G_last) S + (exp(G_last - G) k)^T v'.
-    SPLIT_OUTPUT: o is left to :func:`_gated_delta_chunk_output_kernel`; this pass stores each
-    chunk's S as it enters the chunk (``h``, one [HV, K, V] per row block as :func:`locate_block`
-    numbers them) and v' (``v_new`` [T, HV, V]) instead."""
+    S = exp(G_last) S + (exp(G_last - G) k)^T v'."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     key_head = head // group
@@ -470,7 +398,6 @@ def _gated_delta_chunk_state_kernel(
 
     rows = tl.arange(0, CHUNK)
     causal = rows[:, None] >= rows[None, :]
-    num_v_heads = tl.num_programs(1)
     for chunk_start in range(0, length, CHUNK):
         _, row_mask, tokens = _chunk_rows(start, chunk_start, length, CHUNK)
         k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
@@ -481,19 +408,11 @@ def _gated_delta_chunk_state_kernel(
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
         u = tl.load(u_ptr + u_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
         v_new = u - tl.dot(w, S, input_precision=DOT_PRECISION)
-        if SPLIT_OUTPUT:
-            block = start // CHUNK + seq + chunk_start // CHUNK
-            tl.store(_h_pointers(h_ptr, block, head, num_v_heads, k_cols, v_cols, HEAD_K, HEAD_V),
-                     S.to(h_ptr.dtype.element_ty), mask=state_mask)
-            tl.store(_v_new_pointers(v_new_ptr, tokens, head, num_v_heads, v_cols, HEAD_V),
-                     v_new.to(v_new_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
-        else:
-            q = _load_query_key(q_ptr + key_head * q_stride_h, tokens, row_mask, q_stride_t, k_cols,
-                                k_mask, USE_QK_L2NORM) * scale
-            o = _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION)
-            out_offs = tokens.to(tl.int64)[:, None] * out_stride_t + head * HEAD_V + v_cols[None, :]
-            tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty),
-                     mask=row_mask[:, None] & v_mask[None, :])
+        q = _load_query_key(q_ptr + key_head * q_stride_h, tokens, row_mask, q_stride_t, k_cols, k_mask,
+                            USE_QK_L2NORM) * scale
+        o = _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION)
+        out_offs = tokens.to(tl.int64)[:, None] * out_stride_t + head * HEAD_V + v_cols[None, :]
+        tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
 
         k_to_end = k * tl.exp(G_last - G)[:, None]
         S = S * tl.exp(G_last) + tl.dot(tl.trans(k_to_end), v_new, input_precision=DOT_PRECISION)
@@ -611,34 +530,19 @@ def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torc
 
 def state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2norm: bool,
                state_slots: torch.Tensor | None) -> torch.Tensor:
-    """The chunked form's state pass: the output, each sequence's state carried chunk by chunk; one
-    launch, or with SPLIT_OUTPUT two (the walk, then every chunk's output at once)."""
+    """The chunked form's state pass: the output, each sequence's state carried chunk by chunk."""
     num_k_heads, head_k_dim = q.shape[1:]
     num_v_heads, head_v_dim = u.shape[1:]
     num_seqs = cu_seqlens.shape[0] - 1
     out = torch.empty(u.shape, dtype=q.dtype, device=q.device)
     block_k, block_v = _block_sizes(head_k_dim, head_v_dim)
-    v_blocks = triton.cdiv(head_v_dim, block_v)
-    row_blocks = q.shape[0] // CHUNK_SIZE + num_seqs  # as locate_block numbers them
-    h = v_new = None
-    if SPLIT_OUTPUT:
-        h = torch.empty(row_blocks, num_v_heads, head_k_dim, head_v_dim, dtype=q.dtype, device=q.device)
-        v_new = torch.empty(u.shape, dtype=q.dtype, device=q.device)
-    group = num_v_heads // num_k_heads
-    scale = head_k_dim**-0.5
-    heads = dict(HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
-                 BLOCK_K=block_k, BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q))
-    _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, v_blocks)](
-        q, k, g, w, u, out, state, state_slots, cu_seqlens, has_initial_state, h, v_new, group,
+    _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
+        q, k, g, w, u, out, state, state_slots, cu_seqlens, has_initial_state, num_v_heads // num_k_heads,
         *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
-        out.stride(0), state.stride(0), scale, HAS_SLOTS=state_slots is not None, SPLIT_OUTPUT=SPLIT_OUTPUT,
-        num_warps=STATE_WARPS, num_stages=NUM_STAGES, **heads,
+        out.stride(0), state.stride(0), head_k_dim**-0.5, HEAD_K=head_k_dim, HEAD_V=head_v_dim,
+        USE_QK_L2NORM=use_qk_l2norm, HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k,
+        BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), num_warps=STATE_WARPS, num_stages=NUM_STAGES,
     )
-    if SPLIT_OUTPUT:
-        _gated_delta_chunk_output_kernel[(row_blocks, num_v_heads, v_blocks)](
-            q, k, g, h, v_new, out, cu_seqlens, num_seqs, group, *q.stride()[:2], *k.stride()[:2], g.stride(0),
-            out.stride(0), scale, num_warps=OUTPUT_WARPS, num_stages=NUM_STAGES, **heads,
-        )
     return out
 
 
