@@ -28,6 +28,7 @@ from atom_core.hosting.hf_config import complete_hf_config
 from atom_core.hosting.takeover import (
     HYBRID_GPU_OPT_IN_REASON,
     MXFP4_OPT_IN_REASON,
+    SLOWER_ON_GPU,
     HostedModel,
     TakeoverRefused,
     decide_takeover,
@@ -163,6 +164,20 @@ def test_hybrid_models_on_a_gpu_are_opt_in(qwen3, monkeypatch):
     assert decide_takeover(dataclasses.replace(qwen3, device="cuda")).atom_serves
     monkeypatch.setenv("ATOM_SERVE_HYBRID_ON_GPU", "1")
     assert decide_takeover(qwen3_next).atom_serves
+
+
+def test_models_measured_slower_on_a_gpu_stay_with_that_host(monkeypatch):
+    """gpt-oss ran slower on SGLang with ATOM than alone on an H200: on SGLang's GPUs SGLang serves it,
+    saying so with the measurement, unless ATOM_SERVE_WHERE_SLOWER=1; on CPU and in vLLM ATOM does."""
+    monkeypatch.delenv("ATOM_SERVE_WHERE_SLOWER", raising=False)
+    gpt_oss = hosted(tiny_hf_config("GptOssForCausalLM"), host="SGLang", device="cuda")
+    (reason,) = decide_takeover(gpt_oss).reasons
+    assert SLOWER_ON_GPU[("SGLang", "GptOssForCausalLM")] in reason
+    assert "ATOM_SERVE_WHERE_SLOWER=1" in reason
+    assert decide_takeover(dataclasses.replace(gpt_oss, device="cpu")).atom_serves
+    assert decide_takeover(dataclasses.replace(gpt_oss, host="vLLM")).atom_serves
+    monkeypatch.setenv("ATOM_SERVE_WHERE_SLOWER", "1")
+    assert decide_takeover(gpt_oss).atom_serves
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "bf16", "fp8", "fp8_e4m3"])

@@ -33,6 +33,13 @@ def serve_hybrid_on_gpu() -> bool:
     return flag("ATOM_SERVE_HYBRID_ON_GPU")
 
 
+def serve_where_slower() -> bool:
+    """ATOM_SERVE_WHERE_SLOWER=1: ATOM serves the models that ran slower with ATOM than with the host
+    alone on a GPU (:data:`atom_core.hosting.takeover.SLOWER_ON_GPU`). Off by default: there the
+    host serves them."""
+    return flag("ATOM_SERVE_WHERE_SLOWER")
+
+
 def fp8_activation_fusion_disabled() -> bool:
     """ATOM_DISABLE_FP8_ACTIVATION_FUSION=1: the RMSNorms and SiLU * mul before FP8 linear layers
     emit the model dtype and each FP8 linear quantizes its own input, in a launch of its own (see

@@ -140,6 +140,22 @@ def _hybrid_on_gpu(model: HostedModel) -> str | None:
     return None if envs.serve_hybrid_on_gpu() else HYBRID_GPU_OPT_IN_REASON
 
 
+# (host, architecture) pairs that ran slower with ATOM than with the host alone on a GPU, same machine,
+# checkpoint weights: the measurement, said in the hand-back line. On GPUs the host serves them unless
+# ATOM_SERVE_WHERE_SLOWER=1.
+SLOWER_ON_GPU = {
+    ("SGLang", "GptOssForCausalLM"): ("0.82x SGLang alone's throughput on an H200, bf16 "
+                                      "(benchmarks/results/offline-sglang-gpt-oss-checkpoint-h200-b5a9ce3.json)"),
+}
+
+
+def _slower_on_gpu(model: HostedModel) -> str | None:
+    measured = SLOWER_ON_GPU.get((model.host, model.architecture))
+    if model.device == "cpu" or measured is None or envs.serve_where_slower():
+        return None
+    return f"ATOM ran it at {measured} (ATOM_SERVE_WHERE_SLOWER=1 serves it with ATOM)"
+
+
 def _kv_cache_dtype(model: HostedModel) -> str | None:
     if model.kv_cache_dtype in ("auto", *_KV_CACHE_DTYPE_NAMES.get(model.dtype, ())):
         return None
@@ -164,7 +180,7 @@ def _rope(model: HostedModel) -> str | None:
 # The architecture comes first: the others read config keys only the supported families have.
 _CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
     _architecture, _task, _quantization, _lora, _pipeline_parallel, _speculative, _hybrid_on_gpu,
-    _kv_cache_dtype, _dtype, _rope,
+    _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
 )
 
 
