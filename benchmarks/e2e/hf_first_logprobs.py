@@ -6,8 +6,9 @@ log-probabilities of engine_run.py's correctness prompts.
 
 HF runs the checkpoint in bf16 on the GPU (an MXFP4 one dequantized by HF itself, as its CPU path
 does), eager attention; with ``--dtype float32`` loaded in bf16 and widened in place (for engine runs
-in fp32: 100 GB of Qwen3-Next-16l weights, whose bf16 checkpoint host memory holds once). For each engine run: how often its first token is HF's, and the largest and
-mean difference of the log-probabilities both put in their top 20.
+in fp32: 100 GB of Qwen3-Next-16l weights, whose bf16 checkpoint host memory holds once). For each
+engine run: how often its first token is HF's, and the largest and mean difference of the
+log-probabilities both put in their top 20.
 """
 
 import argparse
