@@ -560,9 +560,9 @@ def gated_delta_rule_triton(
     state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The chunked form, CHUNK_SIZE tokens per chunk, in two launches: every chunk's state-free
-    part at once (:func:`prepare_chunks`: the inverse T, then u and w, kept in fp32 per token), then
-    :func:`state_pass`, one program per (sequence, head, block of value columns) walking its chunks
-    in order.
+    part at once (:func:`prepare_chunks`: the inverse T, then u and w, kept per token in the 16-bit
+    activations' type, else in fp32; see WU_16BIT), then :func:`state_pass`, one program per
+    (sequence, head, block of value columns) walking its chunks in order.
 
     Long sequences' state passes are split only over value-column blocks.
     """
