@@ -18,7 +18,8 @@ The reasons, in the order they are checked (each one is a function below):
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
-| hybrid model on a GPU | recurrent-state models are verified on CPU only so far (opt-in: ATOM_SERVE_HYBRID_ON_GPU=1) |
+| hybrid model on a GPU | slower than the host so far (opt-in: ATOM_SERVE_HYBRID_ON_GPU=1) |
+| measured slower on a GPU | the (host, model) pairs of SLOWER_ON_GPU (opt-in: ATOM_SERVE_WHERE_SLOWER=1) |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
 | dtype | ATOM's kernels run float32, bfloat16 and float16 |
 | rope type | ATOM builds default, linear, llama3 and yarn rotary tables |
@@ -130,7 +131,9 @@ def _speculative(model: HostedModel) -> str | None:
     return None
 
 
-HYBRID_GPU_OPT_IN_REASON = ("hybrid linear-attention models are verified with ATOM on CPU only so far "
+HYBRID_GPU_OPT_IN_REASON = ("hybrid linear-attention models ran slower with ATOM than with the host on a GPU "
+                            "so far (Qwen3-Next: 0.93x vLLM alone on an H200, "
+                            "benchmarks/results/offline-hybrid-checkpoint-h200-f22e6cf.json; Qwen3.5 not measured) "
                             "(ATOM_SERVE_HYBRID_ON_GPU=1 serves them with ATOM on GPUs)")
 
 
