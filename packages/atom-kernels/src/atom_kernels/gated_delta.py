@@ -45,14 +45,14 @@ NUM_STAGES = 1
 # w and u between the two launches in the activations' 16-bit type, as FLA keeps them, instead of fp32:
 # half their memory traffic (each 268 MB per Qwen3-Next layer of 16k tokens in fp32). On the H200 at
 # cf4c7d6 the whole op took 2.02 ms against 2.20 in fp32 for 16 x 1024 tokens, level for 2 x 8192
-# (benchmarks/results/gated-delta-h200-cf4c7d6.json). The state pass in two launches as FLA runs it
+# (benchmarks/results/gated-delta-h200.json[cf4c7d6]). The state pass in two launches as FLA runs it
 # (each chunk's entering state and v' stored, then every chunk's output at once) measured level or
 # slower there and was removed.
 WU_16BIT = True
 # The prepare launch's inverse dots on NVIDIA GPUs for 16-bit activations. One TF32 pass: on the H200
 # at fc29ad0 it took 0.99 ms per Qwen3-Next layer against 2.52 ms for three (tf32x3), and its w / u
 # lay within 3.3e-4 of IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of
-# bf16's rounding (benchmarks/results/gated-delta-h200-fc29ad0.json). fp32 activations keep tf32x3.
+# bf16's rounding (benchmarks/results/gated-delta-h200.json[fc29ad0]). fp32 activations keep tf32x3.
 INVERSE_PRECISION_NVIDIA = "tf32"
 
 

@@ -312,7 +312,7 @@ def _causal_conv1d_decode_kernel(
 # The prefill launch's tiles: tokens and channels per program, and its warps
 # (benchmarks/kernels/bench_gated_delta.py sweeps them). 32 tokens: 0.49 / 0.47 ms per Qwen3-Next layer
 # of 16k tokens on the H200 at cf4c7d6, against 0.62 / 0.60 ms with 64, the fastest of the 18 tiles
-# swept (benchmarks/results/gated-delta-h200-cf4c7d6.json).
+# swept (benchmarks/results/gated-delta-h200.json[cf4c7d6]).
 PREFILL_BLOCK_T = 32
 PREFILL_BLOCK_C = 128
 PREFILL_WARPS = 4
