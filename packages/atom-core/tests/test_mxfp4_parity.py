@@ -144,3 +144,12 @@ def test_an_intermediate_size_split_inside_a_block_is_an_error():
                          interleaved=True, bias=True)
     finally:
         set_tp_group(SINGLE_RANK)
+
+
+def test_packed_experts_start_at_zero_as_in_vllm():
+    """vLLM's dummy loader fills floating-point parameters only; vLLM's MXFP4 method allocates its
+    packed weights and scales with zeros, so ATOM's start at zero too and a dummy load gives both
+    engines the same experts (and no scale byte of 255, which decodes to infinity)."""
+    experts = mxfp4_experts(0, 1, {})
+    packed = [experts.w13_weight, experts.w2_weight, experts.w13_weight_scale, experts.w2_weight_scale]
+    assert all(p.dtype == torch.uint8 and not p.any() for p in packed)
