@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline
+# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline
 # hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
@@ -62,6 +62,14 @@ for step in $steps; do
     # ATOM serves MXFP4 checkpoints only when asked (atom_core.envs.serve_mxfp4).
     mxfp4-offline) ATOM_SERVE_MXFP4=1 checkpoint_offline random_mxfp4_checkpoint.py gpt-oss-20b-mxfp4 mxfp4-runs \
                      offline-mxfp4.json ;;
+    # Dummy MXFP4 weights: vLLM's MXFP4 method and ATOM's both allocate the packed experts as zeros
+    # (vLLM's dummy loader skips integer parameters), so both engines run the same weights.
+    mxfp4-120b-offline) ATOM_SERVE_MXFP4=1 python3 "$here/e2e/bench_offline.py" --out "$out/offline-mxfp4-120b.json" \
+                          gpt-oss-120b-mxfp4 ;;
+    mxfp4-serving) for model in gpt-oss-20b-mxfp4 gpt-oss-120b-mxfp4; do
+                     mkdir -p "$out/serving-$model"; ATOM_SERVE_MXFP4=1 python3 "$here/e2e/bench_serving.py" --out "$out/serving-$model/serving-$model.json" \
+                       --model $model --concurrencies 1,16,64
+                   done ;;
     # As mla-offline, on N(0, 0.02) weights: dummy weights route a MoE onto a few experts, differently in
     # each engine.
     # MLA_CHECKPOINT_MODELS picks the shapes (each checkpoint is about 31 GB on disk, one at a time).
