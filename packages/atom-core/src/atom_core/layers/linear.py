@@ -43,7 +43,12 @@ def input_quant_of(module: nn.Module) -> ActivationQuant | None:
 
 def make_param(shape: Sequence[int], loader, expected_shards=(None,),
                dtype: torch.dtype | None = None) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(tuple(shape), dtype=dtype), requires_grad=False)
+    """An empty parameter with its loader; integer (packed) ones start at zero, as vLLM allocates
+    its own: vLLM's dummy loader fills floating-point parameters only, so a dummy-weight load then
+    gives vLLM alone and vLLM + ATOM the same weights."""
+    integer = dtype is not None and not dtype.is_floating_point
+    param = nn.Parameter((torch.zeros if integer else torch.empty)(tuple(shape), dtype=dtype),
+                         requires_grad=False)
     param.weight_loader = loader
     param.expected_shards = tuple(expected_shards)
     return param

@@ -196,9 +196,7 @@ class FusedMoE(nn.Module):
                 (num_experts, *w2_scale), self.weight_loader, w2_shards, torch.float32))
 
     def _make_mxfp4_params(self, num_experts: int, hidden_size: int, per_expert: bool) -> None:
-        """Packed uint8 weights and e8m0 scales, as gpt-oss ships them (module docstring). They start
-        at zero, as in vLLM's own MXFP4 method: vLLM's dummy loader fills floating-point parameters
-        only, so a dummy-weight load then gives both engines the same (zero) experts."""
+        """Packed uint8 weights and e8m0 scales, as gpt-oss ships them (module docstring)."""
         block, inter = self.scheme.block, self.local_intermediate
         if per_expert:
             raise ValueError(f"{self.prefix}: MXFP4 experts need GPT-OSS's stacked checkpoint tensors")
@@ -210,9 +208,8 @@ class FusedMoE(nn.Module):
                   "w13_weight_scale": (2 * inter, hidden_size // block),
                   "w2_weight_scale": (hidden_size, inter // block)}
         for name, shape in shapes.items():
-            param = make_param((num_experts, *shape), self.weight_loader, dtype=torch.uint8)
-            self.register_parameter(name, param)
-            param.data.zero_()
+            self.register_parameter(name, make_param((num_experts, *shape), self.weight_loader,
+                                                     dtype=torch.uint8))
 
     @property
     def _scale_name(self) -> str:
