@@ -12,7 +12,10 @@ with the engine's defaults (vLLM: torch.compile + CUDA graphs; SGLang: CUDA grap
 chunked prefill); ``--random-weights`` writes a random N(0, 0.02) checkpoint of the shape first
 (random_checkpoint.py: dummy weights collapse MoE routing) and serves that.
 For each concurrency the benchmark sends 4 x concurrency random requests (at least 16; 1024 input /
-128 output tokens, EOS ignored). A word-level tokenizer (token i <-> the word "t<i>") makes the random
+128 output tokens, EOS ignored). Before them, an untimed warm-up burst at the highest concurrency
+(WARM_UP_OUTPUT_LEN output tokens a request) runs every batch size up to it once, so kernels an
+engine compiles on first use (vLLM's MXFP4 MoE routing does) are compiled before the timed runs.
+A word-level tokenizer (token i <-> the word "t<i>") makes the random
 prompts exactly as long as asked. Writes one JSON (device, versions, both runs, ratio = ATOM / native
 per metric, in vLLM's metric names) and a markdown table next to it; plot_serving.py draws the PNG.
 """
@@ -44,6 +47,9 @@ VLLM_BENCH_SERVE = [sys.executable, "-c", "import sys; from vllm.benchmarks.serv
 # sglang.bench_serving's result keys that differ from vLLM's names in METRICS.
 SGLANG_METRIC_NAMES = {"total_throughput": "total_token_throughput", "mean_e2e_latency_ms": "mean_e2el_ms",
                        "median_e2e_latency_ms": "median_e2el_ms", "p99_e2e_latency_ms": "p99_e2el_ms"}
+
+
+WARM_UP_OUTPUT_LEN = 16
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,14 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
             return run
         run["server_start_s"] = time.perf_counter() - started
         run["atom_log_lines"] = [line.strip() for line in open(log_path) if "INFO atom:" in line][:20]
+        warm_up = Workload(workload.input_len, WARM_UP_OUTPUT_LEN)
+        warm_up_path = os.path.join(workdir, f"warm-up-{mode}{engine.result_suffix}")
+        _, warm_up_command = engine.commands(model_dir, port, dummy, warm_up, max(concurrencies), warm_up_path)
+        began = time.perf_counter()
+        proc = subprocess.run(warm_up_command, env=env, capture_output=True, text=True)
+        run["warm_up_s"] = time.perf_counter() - began
+        if proc.returncode != 0:
+            run["warm_up_error"] = proc.stdout[-1500:] + proc.stderr[-1500:]
         run["results"] = {}
         for c in concurrencies:
             result_path = os.path.join(workdir, f"bench-{mode}-c{c}{engine.result_suffix}")
@@ -242,7 +256,8 @@ def main() -> None:
               "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": name,
               "weights": "random N(0, 0.02) checkpoint" if args.random_weights else "dummy",
               "workload": (f"random {workload.input_len} in / {workload.output_len} out, EOS ignored, "
-                           "4 x concurrency requests (at least 16)"),
+                           "4 x concurrency requests (at least 16), after an untimed warm-up burst at the "
+                           f"highest concurrency ({WARM_UP_OUTPUT_LEN} output tokens a request)"),
               "concurrencies": concurrencies}
     report["native"], report["atom"] = {}, {}
 

@@ -73,7 +73,7 @@ MOE_MXFP4_MODELS = {  # gpt-oss: 32 / 128 experts, top 4, hidden = intermediate 
     "gpt-oss-20b": (32, 4, 2880, 2880),
     "gpt-oss-120b": (128, 4, 2880, 2880),
 }
-MOE_MXFP4_TOKENS = [1, 16, 64, 256, 1024, 4096, 16384]
+MOE_MXFP4_TOKENS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
 MOE_OPS = {  # op: models, token counts, weight dtype
     "moe": (MOE_MODELS, MOE_TOKENS, BF16),
     "moe_fp8": (MOE_FP8_MODELS, MOE_FP8_TOKENS, FP8),
@@ -128,14 +128,35 @@ def moe_tiles(block_m: int, gated: bool, weight_dtype: torch.dtype) -> list[dict
     return tiles
 
 
+# Up to this many tokens the candidates include split-K tiles: there a GEMM has about one row block
+# per routed expert, so only cutting K gives the GPU more programs than experts x column blocks.
+SPLIT_K_MAX_TOKENS = 64
+
+
+def moe_split_tiles(gated: bool, weight_dtype: torch.dtype) -> list[dict]:
+    """Split-K candidates, for BLOCK_M 16: narrower columns, 4 warps, 2 to 8 splits."""
+    fp8 = weight_dtype == FP8
+    k_steps = [k for k in (64, 128, 256) if not fp8 or FP8_BLOCK % k == 0]
+    w_bytes = 1 if fp8 else (0.5 if weight_dtype == MXFP4 else 2)
+    operands = 2 if gated else 1
+    return [
+        {"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 1, "num_warps": 4, "num_stages": stages,
+         "SPLIT_K": split}
+        for n, k, stages, split in itertools.product((32, 64, 128), k_steps, (3, 4), (2, 4, 8))
+        if stages * (16 * k * 2 + operands * k * n * w_bytes) <= SMEM_BYTES
+    ]
+
+
 def moe_candidates(
     num_tokens: int, experts: int, top_k: int, weight_dtype: torch.dtype
 ) -> dict[int, dict[str, list[dict]]]:
     """{BLOCK_M: {"gate_up": tiles, "down": tiles}}: what is timed for one shape at ``num_tokens``."""
+    split = num_tokens <= SPLIT_K_MAX_TOKENS
     return {
         block_m: {
-            "gate_up": moe_tiles(block_m, True, weight_dtype),
-            "down": moe_tiles(block_m, False, weight_dtype),
+            name: moe_tiles(block_m, gated, weight_dtype)
+            + (moe_split_tiles(gated, weight_dtype) if split and block_m == 16 else [])
+            for name, gated in (("gate_up", True), ("down", False))
         }
         for block_m in moe_block_ms(num_tokens, experts, top_k)
     }
@@ -224,6 +245,7 @@ class MoeShape:
         entries = num_tokens * self.top_k
         self.hidden_states = torch.empty(entries, i, device="cuda", dtype=BF16)
         self.out = torch.empty(entries, d, device="cuda", dtype=BF16)
+        self.split_outs: dict[int, torch.Tensor] = {}  # the down GEMM's fp32 partials by SPLIT_K
         self.aligned: dict[int, tuple] = {}
         if self.block_size:
             from atom_kernels.moe import quantize_activations
@@ -254,6 +276,11 @@ class MoeShape:
         else:
             (a, a_scale), w, w_scale = self.down_input, self.w2, self.w2_scale
             out, weights, a_row_divisor = self.out, self.weights_flat, 1
+            if (split := tiles.get("SPLIT_K", 1)) > 1:
+                if split not in self.split_outs:
+                    self.split_outs[split] = torch.empty(entries * split, self.hidden,
+                                                         device="cuda", dtype=torch.float32)
+                out = self.split_outs[split]
         return lambda: moe.launch_moe_gemm(
             a, w, None, out, weights, sorted_ids, block_expert, entries, a_row_divisor, block_m,
             tiles, gated=gated, a_scale=a_scale, w_scale=w_scale, block_size=self.block_size,
@@ -385,10 +412,10 @@ def compile_jobs(ops: list[str]) -> list[tuple]:
         for dims in models.values():
             for block_m in (16, 32, 64, 128):
                 for gated in (True, False):
-                    jobs += [
-                        ("moe", dims, weight_dtype, block_m, gated, t)
-                        for t in moe_tiles(block_m, gated, weight_dtype)
-                    ]
+                    tiles = moe_tiles(block_m, gated, weight_dtype)
+                    if block_m == 16:
+                        tiles += moe_split_tiles(gated, weight_dtype)
+                    jobs += [("moe", dims, weight_dtype, block_m, gated, t) for t in tiles]
     if "attention" in ops:
         for model, (h, kv, _) in ATTENTION_MODELS.items():
             for kind in ("prefill", "extend"):

@@ -180,14 +180,15 @@ def test_warm_up_compiles_what_any_batch_size_runs():
     """After warm_up_fused_moe no batch size compiles another variant of the fused MoE or of the
     align that sorts its entries (tile configs change with the token count, the align's chunking with
     the entry count: up to 16384 entries and above)."""
-    from atom_kernels import moe, moe_align
+    from atom_kernels import moe, moe_align, moe_reduce
 
     hidden, inter, num_experts, top_k = 256, 128, 64, 10
     w13 = rand(num_experts, 2 * inter, hidden, dtype=torch.bfloat16, scale=hidden**-0.5)
     w2 = rand(num_experts, hidden, inter, dtype=torch.bfloat16, scale=inter**-0.5)
 
     def variants() -> int:
-        return compiled_variants(*[value for module in (moe, moe_align) for value in vars(module).values()
+        return compiled_variants(*[value for module in (moe, moe_align, moe_reduce)
+                                   for value in vars(module).values()
                                    if hasattr(value, "device_caches")])
 
     atom_kernels.warm_up_fused_moe(w13, w2, top_k)
@@ -491,6 +492,44 @@ def test_fused_moe_mxfp4_errors_name_the_tensor(backend):
     with pytest.raises(ValueError, match="MXFP4 needs D 48 and I 32 to be multiples of 32"):
         impl("fused_moe", backend)(x48, w13, w2, weights, ids, w13_scale=w13_scale,
                                    w2_scale=w2_scale, weight_format="mxfp4")
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "fp8-block32", "mxfp4"])
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_k_sums_what_one_program_computes(weight_format, split_k):
+    """SPLIT_K cuts K among programs; partial sums meet in fp32 (the gate/up partials in
+    reduce_gated_partials, the down ones with the top-k rows), so the output matches the unsplit
+    config up to summation order. K = 128 in steps of 32: with 3 splits of 2 steps the last split
+    gets none. GPT-OSS options: biases added once, interleaved rows, clamped SwiGLU after the sum."""
+    from atom_kernels.moe import run_fused_moe
+
+    num_tokens, hidden, inter, num_experts, top_k = 5, 128, 128, 4, 2
+    dtype = torch.bfloat16
+    x = rand(num_tokens, hidden, dtype=dtype)
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    options = {"act": 3, "interleaved": True, "alpha": 1.702, "limit": 1.0,
+               "w13_bias": rand(num_experts, 2 * inter, dtype=dtype),
+               "w2_bias": rand(num_experts, hidden, dtype=dtype)}
+    if weight_format == "mxfp4":
+        (w13, w13_scale), (w2, w2_scale) = (mxfp4_weight(num_experts, 2 * inter, hidden),
+                                            mxfp4_weight(num_experts, hidden, inter))
+        options.update(w13_scale=w13_scale, w2_scale=w2_scale, weight_format="mxfp4")
+    elif weight_format == "fp8-block32":
+        w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, 32)
+        options.update(w13_scale=w13_scale, w2_scale=w2_scale, block_size=32)
+    else:
+        w13 = rand(num_experts, 2 * inter, hidden, dtype=dtype, scale=hidden**-0.5)
+        w2 = rand(num_experts, hidden, inter, dtype=dtype, scale=inter**-0.5)
+
+    def config(split: int) -> dict:
+        tiles = {"BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2,
+                 "SPLIT_K": split}
+        return {"BLOCK_M": 16, "gate_up": tiles, "down": tiles}
+
+    unsplit = run_fused_moe(x, w13, w2, weights, ids, config(1), **options)
+    split = run_fused_moe(x, w13, w2, weights, ids, config(split_k), **options)
+    assert split.dtype == dtype
+    assert_close(split, unsplit, dtype, "accumulated")
 
 
 @backends

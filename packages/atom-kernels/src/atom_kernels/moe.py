@@ -33,6 +33,7 @@ from atom_kernels.activation import (
     silu_and_mul_torch,
 )
 from atom_kernels.moe_align import moe_align_block_size_triton, warm_up_moe_align
+from atom_kernels.moe_reduce import reduce_gated_partials, sum_expert_rows
 from atom_kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, e2m1_to_float, e8m0_to_float
 from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
@@ -40,7 +41,6 @@ from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
     dot_precision,
     interpreting,
-    next_pow2,
 )
 from atom_kernels.tuned import all_tuned_configs, tuned_config
 
@@ -291,7 +291,11 @@ def fused_moe_torch(
 # 2. _moe_gemm_kernel, gated: per block, x[token rows] @ w13[e]^T for the gate and the up halves at once,
 #    the activation applied in the epilogue -> hidden [T * top_k, I].
 # 3. _moe_gemm_kernel, plain: hidden rows @ w2[e]^T times the routing weight -> [T * top_k, D].
-# 4. _moe_sum_kernel sums the top_k rows of each token.
+# 4. sum_expert_rows (atom_kernels.moe_reduce) sums the top_k rows of each token.
+# Split-K (a tile config's SPLIT_K > 1, for few tokens, where one row block per expert leaves the GPU
+# idle along a long K loop): each GEMM program covers one slice of K and stores fp32 partial sums;
+# the gated GEMM's partials are summed, biased and activated by reduce_gated_partials, and the down
+# GEMM's are summed with the top_k rows in step 4 (it is linear).
 # With FP8 weights, x and the hidden rows are quantized to fp8 before their GEMM, and the GEMMs apply
 # the scales of both operands: per K step (block FP8) or in the epilogue (per row / per token).
 # With MXFP4 weights the GEMMs decode each weight tile to the activations' dtype (_mxfp4_step).
@@ -338,7 +342,7 @@ def _mxfp4_step(
     return tl.dot(a_odd, high, acc, input_precision=DOT_PRECISION)
 
 
-@triton.jit(do_not_specialize=["num_entries"])
+@triton.jit(do_not_specialize=["num_entries", "split_k"])
 def _moe_gemm_kernel(
     a_ptr,
     w_ptr,
@@ -364,6 +368,7 @@ def _moe_gemm_kernel(
     gate_up_step,
     alpha,
     limit,
+    split_k,
     A_ROW_DIVISOR: tl.constexpr,
     GATED: tl.constexpr,
     ACT: tl.constexpr,
@@ -380,6 +385,7 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr,
+    PARTIAL: tl.constexpr,
 ):
     # Grouped program order: GROUP_M row blocks share each weight column block while it is in L2.
     pid = tl.program_id(0)
@@ -428,7 +434,14 @@ def _moe_gemm_kernel(
         w_scale_expert = w_scale_ptr + expert * w_scale_stride_e
         w_scales = w_scale_expert + w_rows.to(tl.int64)[None, :] * w_scale_stride_n
         up_scales = w_scale_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_scale_stride_n
-    for k0 in range(0, K, BLOCK_K):
+    k_begin, k_end = 0, K
+    if PARTIAL:
+        # Split-K: program_id(1) of split_k takes an equal run of whole K steps.
+        split = tl.program_id(1)
+        steps = tl.cdiv(tl.cdiv(K, BLOCK_K), split_k)
+        k_begin = split * steps * BLOCK_K
+        k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
+    for k0 in range(k_begin, k_end, BLOCK_K):
         if MXFP4:
             acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K, DOT_PRECISION,
                               MX_DOT, A_FORMAT)
@@ -470,11 +483,20 @@ def _moe_gemm_kernel(
         acc *= a_scale * tl.load(w_scales)[None, :]
         if GATED:
             acc_up *= a_scale * tl.load(up_scales)[None, :]
+    store_mask = row_valid[:, None] & col_valid[None, :]
+    if PARTIAL and GATED:
+        # fp32 partial sums of gate and up, side by side in a row of 2N: reduce_gated_partials adds
+        # the splits, the bias and the activation.
+        out = out_ptr + (entries.to(tl.int64) * split_k + split)[:, None] * out_stride + cols[None, :]
+        tl.store(out, acc, mask=store_mask)
+        tl.store(out + N, acc_up, mask=store_mask)
+        return
     if HAS_BIAS:
         bias_row = bias_ptr + expert * bias_stride_e
-        acc += tl.load(bias_row + cols * gate_up_step, mask=col_valid, other=0.0).to(tl.float32)[
-            None, :
-        ]
+        bias = tl.load(bias_row + cols * gate_up_step, mask=col_valid, other=0.0).to(tl.float32)
+        if PARTIAL:
+            bias = bias * (split == 0).to(tl.float32)  # one split adds it
+        acc += bias[None, :]
         if GATED:
             up_bias = tl.load(bias_row + cols * gate_up_step + up_offset, mask=col_valid, other=0.0)
             acc_up += up_bias.to(tl.float32)[None, :]
@@ -485,8 +507,11 @@ def _moe_gemm_kernel(
             acc
             * tl.load(topk_weights_ptr + entries, mask=row_valid, other=0.0).to(tl.float32)[:, None]
         )
-    out = out_ptr + entries.to(tl.int64)[:, None] * out_stride + cols[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & col_valid[None, :])
+    rows = entries.to(tl.int64)
+    if PARTIAL:
+        rows = rows * split_k + split  # the splits of an entry are consecutive rows
+    out = out_ptr + rows[:, None] * out_stride + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=store_mask)
 
 
 # Tile sizes by the expected rows per expert (up to the first number), for GPUs with no tuned table:
@@ -554,12 +579,23 @@ def launch_moe_gemm(
     w_scale: torch.Tensor | None = None,
     block_size: int = 0,
     mxfp4: bool = False,
+    expert_ids: torch.Tensor | None = None,
 ) -> None:
     """One GEMM of the fused MoE. FP8 ``a`` and ``w`` come with their scales: with ``block_size``,
     ``a_scale`` [a rows, K groups] and ``w_scale`` [E, row blocks, K blocks]; with ``block_size`` 0,
     ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]. MXFP4 ``w`` (``mxfp4``) is
-    packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and ``a`` is not quantized."""
+    packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and ``a`` is not quantized.
+
+    ``tiles["SPLIT_K"]`` (default 1) > 1 splits K among that many programs per output tile. Gated,
+    their fp32 partials are reduced here into ``out`` (``expert_ids``, the flat top-k ids, find each
+    row's bias). Plain, ``out`` holds the partials: fp32, ``SPLIT_K`` consecutive rows per entry,
+    for the caller to sum with the entry's other top-k rows (:func:`sum_expert_rows`)."""
+    tiles = dict(tiles)
+    split_k = tiles.pop("SPLIT_K", 1)
     n, k = out.shape[1], a.shape[1]
+    if split_k > 1 and not gated and out.shape[0] != num_entries * split_k:
+        raise ValueError(f"launch_moe_gemm: SPLIT_K {split_k} needs {num_entries * split_k} output "
+                         f"rows, not {out.shape[0]}")
     up_offset, step = (1, 2) if interleaved else (n, 1)
     if not gated:
         up_offset, step = 0, 1
@@ -570,7 +606,10 @@ def launch_moe_gemm(
         # A K step covers whole 32-value scale blocks (and each half of the decoding step is a dot
         # of at least 16).
         tiles = {**tiles, "BLOCK_K": max(tiles["BLOCK_K"], 32)}
-    grid = (block_expert.shape[0] * triton.cdiv(n, tiles["BLOCK_N"]),)
+    result = out
+    if split_k > 1 and gated:
+        out = torch.empty((num_entries * split_k, 2 * n), dtype=torch.float32, device=a.device)
+    grid = (block_expert.shape[0] * triton.cdiv(n, tiles["BLOCK_N"]), split_k)
     _moe_gemm_kernel[grid](
         a,
         w,
@@ -596,6 +635,7 @@ def launch_moe_gemm(
         step,
         alpha,
         limit,
+        split_k,
         A_ROW_DIVISOR=a_row_divisor,
         GATED=gated,
         ACT=act,
@@ -608,9 +648,13 @@ def launch_moe_gemm(
         SCALE_BLOCK=block_size if w_scale is not None else 0,
         DOT_PRECISION=dot_precision(a.dtype),
         EVEN_K=k % tiles["BLOCK_K"] == 0,
+        PARTIAL=split_k > 1,
         BLOCK_M=block_m,
         **tiles,
     )
+    if split_k > 1 and gated:
+        reduce_gated_partials(out, result, split_k, bias, expert_ids, act, alpha, limit,
+                              up_offset, step)
 
 
 @fused_moe.register("triton")
@@ -753,6 +797,7 @@ def run_fused_moe(
     fp8 = w13_scale is not None and not mxfp4
     a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
+    expert_ids = topk_ids.reshape(-1)
     launch_moe_gemm(
         a,
         w13,
@@ -774,11 +819,14 @@ def run_fused_moe(
         w_scale=w13_scale,
         block_size=block_size,
         mxfp4=mxfp4,
+        expert_ids=expert_ids,
     )
     a, a_scale = (
         quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
     )
-    expert_out = torch.empty((num_entries, hidden), dtype=x.dtype, device=x.device)
+    down_split = config["down"].get("SPLIT_K", 1)
+    expert_out = torch.empty((num_entries * down_split, hidden),
+                             dtype=torch.float32 if down_split > 1 else x.dtype, device=x.device)
     launch_moe_gemm(
         a,
         w2,
@@ -796,23 +844,4 @@ def run_fused_moe(
         block_size=block_size,
         mxfp4=mxfp4,
     )
-    out = torch.empty_like(x)
-    block_d = min(1024, next_pow2(hidden))
-    _moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_d))](
-        expert_out, out, hidden, TOP_K=top_k, BLOCK_D=block_d, num_warps=4
-    )
-    return out
-
-
-@triton.jit
-def _moe_sum_kernel(rows_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[t] = sum over k of rows[t * TOP_K + k] (fp32 accumulation), for one BLOCK_D slice."""
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = cols < hidden
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for k in tl.static_range(TOP_K):
-        acc += tl.load(rows_ptr + (token * TOP_K + k) * hidden + cols, mask=mask, other=0.0).to(
-            tl.float32
-        )
-    tl.store(out_ptr + token * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    return sum_expert_rows(expert_out, num_tokens, top_k * down_split, x.dtype)
