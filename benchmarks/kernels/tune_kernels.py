@@ -147,12 +147,29 @@ def moe_split_tiles(gated: bool, weight_dtype: torch.dtype) -> list[dict]:
     ]
 
 
+# Up to this many tokens MXFP4 experts also try the matrix-vector path (atom_kernels.moe_gemv): no sort,
+# an entry a program row, CUDA-core FMAs on the decoded weights. Its candidates are keyed "gemv" where
+# the tiled ones are keyed by BLOCK_M.
+GEMV_MAX_TOKENS = 16
+GEMV = "gemv"
+
+
+def moe_gemv_tiles() -> list[dict]:
+    """Matrix-vector candidates: up to 128 weight values a thread per K step."""
+    return [
+        {"BLOCK_N": n, "BLOCK_K": k, "num_warps": warps}
+        for n, k, warps in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8))
+        if n * k <= 128 * 32 * warps
+    ]
+
+
 def moe_candidates(
     num_tokens: int, experts: int, top_k: int, weight_dtype: torch.dtype
-) -> dict[int, dict[str, list[dict]]]:
-    """{BLOCK_M: {"gate_up": tiles, "down": tiles}}: what is timed for one shape at ``num_tokens``."""
+) -> dict[int | str, dict[str, list[dict]]]:
+    """{BLOCK_M or GEMV: {"gate_up": tiles, "down": tiles}}: what is timed for one shape at
+    ``num_tokens``."""
     split = num_tokens <= SPLIT_K_MAX_TOKENS
-    return {
+    candidates = {
         block_m: {
             name: moe_tiles(block_m, gated, weight_dtype)
             + (moe_split_tiles(gated, weight_dtype) if split and block_m == 16 else [])
@@ -160,6 +177,9 @@ def moe_candidates(
         }
         for block_m in moe_block_ms(num_tokens, experts, top_k)
     }
+    if weight_dtype == MXFP4 and num_tokens <= GEMV_MAX_TOKENS:
+        candidates[GEMV] = {"gate_up": moe_gemv_tiles(), "down": moe_gemv_tiles()}
+    return candidates
 
 
 def attention_candidates(group: int) -> list[dict]:
@@ -246,6 +266,7 @@ class MoeShape:
         self.hidden_states = torch.empty(entries, i, device="cuda", dtype=BF16)
         self.out = torch.empty(entries, d, device="cuda", dtype=BF16)
         self.split_outs: dict[int, torch.Tensor] = {}  # the down GEMM's fp32 partials by SPLIT_K
+        self.gemv_out: torch.Tensor | None = None  # the matrix-vector down GEMM's fp32 rows
         self.aligned: dict[int, tuple] = {}
         if self.block_size:
             from atom_kernels.moe import quantize_activations
@@ -261,9 +282,11 @@ class MoeShape:
         args = {"w13_scale": self.w13_scale, "w2_scale": self.w2_scale, "block_size": self.block_size}
         return args | ({"weight_format": "mxfp4"} if self.mxfp4 else {})
 
-    def gemm(self, block_m: int, gated: bool, tiles: dict):
+    def gemm(self, block_m: int | str, gated: bool, tiles: dict):
         from atom_kernels import moe, moe_align
 
+        if block_m == GEMV:
+            return self.gemv(gated, tiles)
         if block_m not in self.aligned:
             self.aligned[block_m] = moe_align.moe_align_block_size_triton(
                 self.ids, self.experts, block_m
@@ -286,6 +309,22 @@ class MoeShape:
             tiles, gated=gated, a_scale=a_scale, w_scale=w_scale, block_size=self.block_size,
             mxfp4=self.mxfp4,
         )
+
+
+    def gemv(self, gated: bool, tiles: dict):
+        """One GEMM of the MXFP4 matrix-vector path (atom_kernels.moe_gemv)."""
+        from atom_kernels.moe_gemv import launch_mxfp4_gemv
+
+        expert_ids = self.ids.reshape(-1)
+        if gated:
+            args = (self.x, self.w13, self.w13_scale, None, self.hidden_states, expert_ids, None, self.top_k)
+        else:
+            if self.gemv_out is None:
+                self.gemv_out = torch.empty(expert_ids.shape[0], self.hidden, device="cuda",
+                                            dtype=torch.float32)
+            args = (self.hidden_states, self.w2, self.w2_scale, None, self.gemv_out, expert_ids,
+                    self.weights_flat, 1)
+        return lambda: launch_mxfp4_gemv(*args, tiles, gated=gated)
 
 
 class AttentionShape:
@@ -416,6 +455,8 @@ def compile_jobs(ops: list[str]) -> list[tuple]:
                     if block_m == 16:
                         tiles += moe_split_tiles(gated, weight_dtype)
                     jobs += [("moe", dims, weight_dtype, block_m, gated, t) for t in tiles]
+                    if block_m == 16 and weight_dtype == MXFP4:
+                        jobs += [("moe", dims, weight_dtype, GEMV, gated, t) for t in moe_gemv_tiles()]
     if "attention" in ops:
         for model, (h, kv, _) in ATTENTION_MODELS.items():
             for kind in ("prefill", "extend"):
@@ -495,12 +536,13 @@ def tune_moe(report: dict, op: str) -> dict:
                     best = (total, block_m, picks)
             total, block_m, picks = best
             table[key][str(num_tokens)] = {
-                "BLOCK_M": block_m,
+                **({"GEMV": True} if block_m == GEMV else {"BLOCK_M": block_m}),
                 "gate_up": picks["gate_up"][1],
                 "down": picks["down"][1],
             }
             print(
-                f"{op} {model} tokens={num_tokens}: BLOCK_M={block_m} gemms {total:.1f} us"
+                f"{op} {model} tokens={num_tokens}: "
+                f"{'GEMV' if block_m == GEMV else f'BLOCK_M={block_m}'} gemms {total:.1f} us"
             )
             report["moe_gemms"].append(
                 {

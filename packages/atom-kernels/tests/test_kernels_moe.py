@@ -3,9 +3,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from kernel_testing import DEVICE, LIBRARY, assert_close, backends, compiled_variants, float_dtypes, impl, rand
 
 import atom_kernels
+from atom_kernels.moe_gemv import e2m1_to_float_scaled
 
 
 def distinct_logits(num_tokens: int, num_experts: int, dtype: torch.dtype) -> torch.Tensor:
@@ -530,6 +533,61 @@ def test_split_k_sums_what_one_program_computes(weight_format, split_k):
     split = run_fused_moe(x, w13, w2, weights, ids, config(split_k), **options)
     assert split.dtype == dtype
     assert_close(split, unsplit, dtype, "accumulated")
+
+
+@triton.jit
+def _decode_e2m1_kernel(codes_ptr, out_ptr):
+    i = tl.arange(0, 16)
+    tl.store(out_ptr + i, e2m1_to_float_scaled(tl.load(codes_ptr + i).to(tl.uint16)))
+
+
+def test_e2m1_fp16_decoding_is_exact():
+    """Each code's bits moved into an fp16 read 2 ** -14 times its value (exponent 0 as fp16's
+    subnormal)."""
+    from atom_kernels.mxfp4 import E2M1_VALUES
+
+    codes = torch.arange(16, dtype=torch.int16, device=DEVICE)
+    out = torch.empty(16, dtype=torch.float32, device=DEVICE)
+    _decode_e2m1_kernel[(1,)](codes, out)
+    assert (out * 2.0**14).tolist() == list(E2M1_VALUES)
+
+
+@pytest.mark.parametrize("num_tokens, hidden, inter, gpt_oss", [(1, 64, 32, True), (3, 96, 64, False),
+                                                               (2, 128, 96, True)])
+def test_mxfp4_gemv_matches_the_dequantized_weights(num_tokens, hidden, inter, gpt_oss):
+    """The matrix-vector path for a few tokens (a ``"GEMV"`` config): every e2m1 code and scale decoded
+    exactly, K (96) not a multiple of BLOCK_K (64), N not a multiple of BLOCK_N (I = 96 of 64)."""
+    from atom_kernels.moe import run_fused_moe
+
+    num_experts, top_k, dtype = 4, 2, torch.bfloat16
+    x = rand(num_tokens, hidden, dtype=dtype)
+    (w13, w13_scale), (w2, w2_scale) = (mxfp4_weight(num_experts, 2 * inter, hidden),
+                                        mxfp4_weight(num_experts, hidden, inter))
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    act = {"act": 3, "interleaved": True, "alpha": 1.702, "limit": 1.0} if gpt_oss else {"act": 0}
+    biases = {}
+    if gpt_oss:
+        biases = {"w13_bias": rand(num_experts, 2 * inter, dtype=dtype),
+                  "w2_bias": rand(num_experts, hidden, dtype=dtype)}
+    tiles = {"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4}
+    out = run_fused_moe(x, w13, w2, weights, ids, {"GEMV": True, "gate_up": tiles, "down": tiles},
+                        w13_scale=w13_scale, w2_scale=w2_scale, weight_format="mxfp4", **act, **biases)
+    assert out.dtype == dtype
+    w13_deq, w2_deq = decode_mxfp4(w13, w13_scale), decode_mxfp4(w2, w2_scale)
+    options = {"activation": "clamped_swiglu", "interleaved": True, "swiglu_limit": 1.0} if gpt_oss else {}
+    want = impl("fused_moe", "torch")(x, w13_deq.to(dtype), w2_deq.to(dtype), weights, ids, **options,
+                                      **biases)
+    assert_close(out, want, dtype, "accumulated")
+
+
+def test_gemv_configs_are_for_mxfp4_only():
+    from atom_kernels.moe import run_fused_moe
+
+    x, w13, w2 = rand(1, 64, dtype=torch.bfloat16), rand(4, 64, 64), rand(4, 64, 32)
+    weights, ids = routing(1, 4, 2)
+    tiles = {"BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4}
+    with pytest.raises(ValueError, match="GEMV configs are for MXFP4 experts only"):
+        run_fused_moe(x, w13, w2, weights, ids, {"GEMV": True, "gate_up": tiles, "down": tiles})
 
 
 @backends

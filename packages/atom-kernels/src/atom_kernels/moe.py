@@ -33,6 +33,7 @@ from atom_kernels.activation import (
     silu_and_mul_torch,
 )
 from atom_kernels.moe_align import moe_align_block_size_triton, warm_up_moe_align
+from atom_kernels.moe_gemv import run_fused_moe_mxfp4_gemv
 from atom_kernels.moe_reduce import reduce_gated_partials, sum_expert_rows
 from atom_kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, e2m1_to_float, e8m0_to_float
 from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
@@ -763,7 +764,7 @@ def warm_up_fused_moe(
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
                       w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
                       block_size=block_size, weight_format=weight_format)
-    for block_m in {config["BLOCK_M"] for config in configs}:
+    for block_m in {config["BLOCK_M"] for config in configs if "BLOCK_M" in config}:
         warm_up_moe_align(num_experts, block_m, w13.device)
 
 
@@ -786,14 +787,22 @@ def run_fused_moe(
     block_size: int = 0,
     weight_format: str = "auto",
 ) -> torch.Tensor:
-    """The Triton fused MoE with a given tile config (:func:`moe_config`'s form); no checks."""
+    """The Triton fused MoE with a given tile config (:func:`moe_config`'s form, or with ``"GEMV"``
+    for MXFP4 experts: :mod:`atom_kernels.moe_gemv`); no checks."""
+    mxfp4 = weight_format == "mxfp4"
+    if config.get("GEMV"):
+        if not mxfp4:
+            raise ValueError("run_fused_moe: GEMV configs are for MXFP4 experts only")
+        return run_fused_moe_mxfp4_gemv(x, w13, w2, topk_weights, topk_ids, config, act=act,
+                                        interleaved=interleaved, alpha=alpha, limit=limit,
+                                        w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale,
+                                        w2_scale=w2_scale)
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     num_entries = num_tokens * top_k
     block_m = config["BLOCK_M"]
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
-    mxfp4 = weight_format == "mxfp4"
     fp8 = w13_scale is not None and not mxfp4
     a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
