@@ -125,7 +125,12 @@ def moe_tiles(block_m: int, gated: bool, weight_dtype: torch.dtype) -> list[dict
                 "num_stages": stages,
             }
         )
-    return tiles
+    return tiles + swapped(tiles, weight_dtype)
+
+
+def swapped(tiles: list[dict], weight_dtype: torch.dtype) -> list[dict]:
+    """MXFP4 tiles also run with SWAP_AB (the upcast weight as the MMA's left operand)."""
+    return [dict(t, SWAP_AB=True) for t in tiles] if weight_dtype == MXFP4 else []
 
 
 # Up to this many tokens the candidates include split-K tiles: there a GEMM has about one row block
@@ -139,12 +144,13 @@ def moe_split_tiles(gated: bool, weight_dtype: torch.dtype) -> list[dict]:
     k_steps = [k for k in (64, 128, 256) if not fp8 or FP8_BLOCK % k == 0]
     w_bytes = 1 if fp8 else (0.5 if weight_dtype == MXFP4 else 2)
     operands = 2 if gated else 1
-    return [
+    tiles = [
         {"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 1, "num_warps": 4, "num_stages": stages,
          "SPLIT_K": split}
         for n, k, stages, split in itertools.product((32, 64, 128), k_steps, (3, 4), (2, 4, 8))
         if stages * (16 * k * 2 + operands * k * n * w_bytes) <= SMEM_BYTES
     ]
+    return tiles + swapped(tiles, weight_dtype)
 
 
 # Up to this many tokens MXFP4 experts also try the matrix-vector path (atom_kernels.moe_gemv): no sort,
@@ -310,6 +316,13 @@ class MoeShape:
             mxfp4=self.mxfp4,
         )
 
+
+    def whole_op_us(self, config: dict) -> float:
+        """The fused MoE with ``config`` (atom_kernels.moe.run_fused_moe), timed as a CUDA graph."""
+        from atom_kernels.moe import run_fused_moe
+
+        args = (self.x, self.w13, self.w2, self.weights, self.ids, config)
+        return graph_us(lambda: run_fused_moe(*args, **self.quant_args()))
 
     def gemv(self, gated: bool, tiles: dict):
         """One GEMM of the MXFP4 matrix-vector path (atom_kernels.moe_gemv)."""
@@ -521,7 +534,7 @@ def tune_moe(report: dict, op: str) -> dict:
         table[key] = {}
         for num_tokens in token_counts:
             shape = MoeShape(dims, num_tokens, weight_dtype)
-            best = None
+            best = {}  # the tiled path's best (key "tiled") and the matrix-vector path's
             for block_m, gemm_tiles in moe_candidates(num_tokens, experts, top_k, weight_dtype).items():
                 picks = {}
                 for name, gated in (("gate_up", True), ("down", False)):
@@ -532,14 +545,26 @@ def tune_moe(report: dict, op: str) -> dict:
                     ]
                     picks[name] = min(timed, key=lambda p: p[0])
                 total = picks["gate_up"][0] + picks["down"][0]
-                if best is None or total < best[0]:
-                    best = (total, block_m, picks)
-            total, block_m, picks = best
-            table[key][str(num_tokens)] = {
-                **({"GEMV": True} if block_m == GEMV else {"BLOCK_M": block_m}),
-                "gate_up": picks["gate_up"][1],
-                "down": picks["down"][1],
+                path = GEMV if block_m == GEMV else "tiled"
+                if path not in best or total < best[path][0]:
+                    best[path] = (total, block_m, picks)
+            configs = {
+                path: {
+                    **({"GEMV": True} if block_m == GEMV else {"BLOCK_M": block_m}),
+                    "gate_up": picks["gate_up"][1],
+                    "down": picks["down"][1],
+                }
+                for path, (_, block_m, picks) in best.items()
             }
+            # The paths differ outside their GEMMs (the tiled one sorts the entries, and reduces split-K
+            # partials): between them the whole op decides.
+            path = "tiled"
+            if len(configs) > 1:
+                whole_op = {p: shape.whole_op_us(config) for p, config in configs.items()}
+                path = min(whole_op, key=whole_op.get)
+                print(f"{op} {model} tokens={num_tokens}: whole op {whole_op}")
+            total, block_m, picks = best[path]
+            table[key][str(num_tokens)] = configs[path]
             print(
                 f"{op} {model} tokens={num_tokens}: "
                 f"{'GEMV' if block_m == GEMV else f'BLOCK_M={block_m}'} gemms {total:.1f} us"
