@@ -125,12 +125,7 @@ def moe_tiles(block_m: int, gated: bool, weight_dtype: torch.dtype) -> list[dict
                 "num_stages": stages,
             }
         )
-    return tiles + swapped(tiles, weight_dtype)
-
-
-def swapped(tiles: list[dict], weight_dtype: torch.dtype) -> list[dict]:
-    """MXFP4 tiles also run with SWAP_AB (the upcast weight as the MMA's left operand)."""
-    return [dict(t, SWAP_AB=True) for t in tiles] if weight_dtype == MXFP4 else []
+    return tiles
 
 
 # Up to this many tokens the candidates include split-K tiles: there a GEMM has about one row block
@@ -144,13 +139,12 @@ def moe_split_tiles(gated: bool, weight_dtype: torch.dtype) -> list[dict]:
     k_steps = [k for k in (64, 128, 256) if not fp8 or FP8_BLOCK % k == 0]
     w_bytes = 1 if fp8 else (0.5 if weight_dtype == MXFP4 else 2)
     operands = 2 if gated else 1
-    tiles = [
+    return [
         {"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 1, "num_warps": 4, "num_stages": stages,
          "SPLIT_K": split}
         for n, k, stages, split in itertools.product((32, 64, 128), k_steps, (3, 4), (2, 4, 8))
         if stages * (16 * k * 2 + operands * k * n * w_bytes) <= SMEM_BYTES
     ]
-    return tiles + swapped(tiles, weight_dtype)
 
 
 # Up to this many tokens MXFP4 experts also try the matrix-vector path (atom_kernels.moe_gemv): no sort,

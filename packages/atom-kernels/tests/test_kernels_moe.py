@@ -535,31 +535,6 @@ def test_split_k_sums_what_one_program_computes(weight_format, split_k):
     assert_close(split, unsplit, dtype, "accumulated")
 
 
-@pytest.mark.parametrize("block_m, split_k", [(16, 1), (16, 3), (32, 1)])
-def test_mxfp4_swapped_operands_match_the_dequantized_weights(block_m, split_k):
-    """SWAP_AB tiles (W @ x^T on the microscaled dot, transposed back in the epilogue), with GPT-OSS's
-    options. On GPUs only: the interpreter has no microscaled dot and runs the plain order."""
-    from atom_kernels.moe import run_fused_moe
-
-    num_tokens, hidden, inter, num_experts, top_k, dtype = 21, 128, 96, 4, 2, torch.bfloat16
-    x = rand(num_tokens, hidden, dtype=dtype)
-    (w13, w13_scale), (w2, w2_scale) = (mxfp4_weight(num_experts, 2 * inter, hidden),
-                                        mxfp4_weight(num_experts, hidden, inter))
-    weights, ids = routing(num_tokens, num_experts, top_k)
-    biases = {"w13_bias": rand(num_experts, 2 * inter, dtype=dtype),
-              "w2_bias": rand(num_experts, hidden, dtype=dtype)}
-    tiles = {"BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 2,
-             "SPLIT_K": split_k, "SWAP_AB": True}
-    out = run_fused_moe(x, w13, w2, weights, ids, {"BLOCK_M": block_m, "gate_up": tiles, "down": tiles},
-                        act=3, interleaved=True, alpha=1.702, limit=1.0, w13_scale=w13_scale,
-                        w2_scale=w2_scale, weight_format="mxfp4", **biases)
-    w13_deq, w2_deq = decode_mxfp4(w13, w13_scale), decode_mxfp4(w2, w2_scale)
-    want = impl("fused_moe", "torch")(x, w13_deq.to(dtype), w2_deq.to(dtype), weights, ids,
-                                      activation="clamped_swiglu", interleaved=True, swiglu_limit=1.0,
-                                      **biases)
-    assert_close(out, want, dtype, "accumulated")
-
-
 @triton.jit
 def _decode_e2m1_kernel(codes_ptr, out_ptr):
     i = tl.arange(0, 16)

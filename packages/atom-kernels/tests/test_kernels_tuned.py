@@ -44,6 +44,25 @@ def test_packaged_moe_tables_are_complete_for_the_benchmark_shapes():
                 assert set(config[gemm]) == MOE_TILE_FIELDS, (size, gemm)
 
 
+def test_packaged_mxfp4_moe_tables_hold_tiled_or_matrix_vector_configs():
+    """gpt-oss's MXFP4 experts: a tiled config (BLOCK_M, tiles, an optional SPLIT_K) or, at a few
+    tokens, the matrix-vector path's ({"GEMV": true}, BLOCK_N / BLOCK_K / num_warps per GEMM)."""
+    table = packaged("fused_moe")["NVIDIA H200"]
+    for experts in (32, 128):  # gpt-oss-20b, gpt-oss-120b
+        by_size = table[moe_shape_key(experts, 2880, 2880, 4, torch.uint8)]
+        assert {int(size) for size in by_size} >= {1, 16, 16384}
+        for size, config in by_size.items():
+            if config.get("GEMV"):
+                assert int(size) <= 16, size
+                for gemm in ("gate_up", "down"):
+                    assert set(config[gemm]) == {"BLOCK_N", "BLOCK_K", "num_warps"}, (size, gemm)
+                    assert config[gemm]["BLOCK_K"] % 32 == 0
+                continue
+            assert config["BLOCK_M"] in (16, 32, 64, 128), size
+            for gemm in ("gate_up", "down"):
+                assert set(config[gemm]) - {"SPLIT_K"} == MOE_TILE_FIELDS, (size, gemm)
+
+
 def test_packaged_attention_tables_are_complete_for_the_benchmark_shapes():
     table = packaged("attention")["NVIDIA H200"]
     for group in (4, 8):  # Qwen3-8B, Qwen3-30B-A3B

@@ -314,7 +314,6 @@ def _mxfp4_step(
     DOT_PRECISION: tl.constexpr,
     MX_DOT: tl.constexpr,
     A_FORMAT: tl.constexpr,
-    SWAP_AB: tl.constexpr,
 ):
     """``acc`` + the K step at ``k0`` of A @ W^T with MXFP4 W. ``a_rows`` [BLOCK_M, 1] and ``w_cols``
     / ``w_scales`` [1, BLOCK_N] point at the rows of A, of W's bytes and of W's scales.
@@ -322,24 +321,17 @@ def _mxfp4_step(
     With ``MX_DOT`` the compiler's microscaled dot takes the packed bytes and e8m0 scales as they are
     stored (it upcasts them to A's format itself); Triton's interpreter lacks it, and fp32 A is not
     one of its formats, so there the step decodes the weight tile explicitly: A's even columns meet
-    the low nibbles, its odd columns the high ones. ``SWAP_AB`` (with ``MX_DOT``) computes the
-    transpose, W @ A^T into ``acc`` [BLOCK_N, BLOCK_M]: the upcast weight is then the left operand,
-    which Hopper's MMA can read from registers, and the few token rows are its narrow right side."""
+    the low nibbles, its odd columns the high ones."""
     pairs = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds values 2j and 2j + 1
     valid = pairs < K // 2
+    packed = tl.load(w_cols + pairs[:, None], mask=valid[:, None], other=0)
     if MX_DOT:
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
         groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         scale_codes = tl.load(tl.trans(w_scales) + groups[None, :],
                               mask=(groups < K // 32)[None, :], other=0)
-        if SWAP_AB:
-            packed = tl.load(tl.trans(w_cols) + pairs[None, :], mask=valid[None, :], other=0)
-            return tl.dot_scaled(packed, scale_codes, "e2m1", tl.trans(a), None, A_FORMAT, acc,
-                                 fast_math=True)
-        packed = tl.load(w_cols + pairs[:, None], mask=valid[:, None], other=0)
         return tl.dot_scaled(a, None, A_FORMAT, packed, scale_codes, "e2m1", acc, fast_math=True)
-    packed = tl.load(w_cols + pairs[:, None], mask=valid[:, None], other=0)
     a_even = tl.load(a_rows + 2 * pairs[None, :], mask=valid[None, :], other=0.0)
     a_odd = tl.load(a_rows + 2 * pairs[None, :] + 1, mask=valid[None, :], other=0.0)
     # 16 bytes (32 values) per scale.
@@ -395,7 +387,6 @@ def _moe_gemm_kernel(
     DOT_PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr,
     PARTIAL: tl.constexpr,
-    SWAP_AB: tl.constexpr,
 ):
     # Grouped program order: GROUP_M row blocks share each weight column block while it is in L2.
     pid = tl.program_id(0)
@@ -423,14 +414,10 @@ def _moe_gemm_kernel(
     # stacked [gate | up] layout, step 2 and offset 1 for interleaved rows.
     w_rows = (cols % N) * gate_up_step
     w_cols = w_expert + w_rows.to(tl.int64)[None, :] * w_stride_n
-    # SWAP_AB (MXFP4 only) accumulates the transpose, [BLOCK_N, BLOCK_M] (_mxfp4_step).
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if GATED:
         up_cols = w_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_stride_n
-        acc_up = tl.zeros_like(acc)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if W8A8:
         # fp8 A and W. A's scale rows are gathered like its rows; weight row r has scale row
         # r // SCALE_BLOCK (blocks of SCALE_BLOCK x SCALE_BLOCK), or r with SCALE_BLOCK 0 (per row).
@@ -458,10 +445,10 @@ def _moe_gemm_kernel(
     for k0 in range(k_begin, k_end, BLOCK_K):
         if MXFP4:
             acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K, DOT_PRECISION,
-                              MX_DOT, A_FORMAT, SWAP_AB)
+                              MX_DOT, A_FORMAT)
             if GATED:
                 acc_up = _mxfp4_step(acc_up, a_rows, up_cols, up_scales, k0, K, BLOCK_K,
-                                     DOT_PRECISION, MX_DOT, A_FORMAT, SWAP_AB)
+                                     DOT_PRECISION, MX_DOT, A_FORMAT)
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
@@ -497,10 +484,6 @@ def _moe_gemm_kernel(
         acc *= a_scale * tl.load(w_scales)[None, :]
         if GATED:
             acc_up *= a_scale * tl.load(up_scales)[None, :]
-    if SWAP_AB:
-        acc = tl.trans(acc)
-        if GATED:
-            acc_up = tl.trans(acc_up)
     store_mask = row_valid[:, None] & col_valid[None, :]
     if PARTIAL and GATED:
         # fp32 partial sums of gate and up, side by side in a row of 2N: reduce_gated_partials adds
@@ -610,9 +593,6 @@ def launch_moe_gemm(
     for the caller to sum with the entry's other top-k rows (:func:`sum_expert_rows`)."""
     tiles = dict(tiles)
     split_k = tiles.pop("SPLIT_K", 1)
-    mx_dot = mxfp4 and mx_dot_format(a) is not None
-    # Only the microscaled dot swaps its operands (_mxfp4_step); the other paths ignore SWAP_AB.
-    swap_ab = tiles.pop("SWAP_AB", False) and mx_dot
     n, k = out.shape[1], a.shape[1]
     if split_k > 1 and not gated and out.shape[0] != num_entries * split_k:
         raise ValueError(f"launch_moe_gemm: SPLIT_K {split_k} needs {num_entries * split_k} output "
@@ -664,13 +644,12 @@ def launch_moe_gemm(
         MUL_ROUTED_WEIGHT=topk_weights is not None,
         W8A8=w_scale is not None and not mxfp4,
         MXFP4=mxfp4,
-        MX_DOT=mx_dot,
+        MX_DOT=mxfp4 and mx_dot_format(a) is not None,
         A_FORMAT=mx_dot_format(a) or "",
         SCALE_BLOCK=block_size if w_scale is not None else 0,
         DOT_PRECISION=dot_precision(a.dtype),
         EVEN_K=k % tiles["BLOCK_K"] == 0,
         PARTIAL=split_k > 1,
-        SWAP_AB=swap_ab,
         BLOCK_M=block_m,
         **tiles,
     )
