@@ -8,9 +8,10 @@
   Qwen3-Next-80B-A3B) and ``moe_fp8`` (block-FP8 experts of Qwen3-30B-A3B-FP8 and DeepSeek-V3 at TP 1:
   fp8 weights with an fp32 scale per 128 x 128 block, bf16 activations quantized per token and 128
   channels): per token count, every row-block size BLOCK_M and, for each of the two GEMMs (gate_up with
-  the activation, down), every tile candidate; the BLOCK_M whose two best GEMMs sum lowest wins.
-  ``moe_mxfp4``: the MXFP4 experts of gpt-oss-20b and gpt-oss-120b (uint8 weights, two e2m1 values a
-  byte, an e8m0 scale per 32 values).
+  the activation, down), every tile candidate (split-K ones too up to SPLIT_K_MAX_TOKENS); the BLOCK_M
+  whose two best GEMMs sum lowest wins. ``moe_mxfp4``: the MXFP4 experts of gpt-oss-20b and
+  gpt-oss-120b (uint8 weights, two e2m1 values a byte, an e8m0 scale per 32 values); up to
+  GEMV_MAX_TOKENS also the matrix-vector path, and the whole op's time decides between the two.
 * attention (Qwen3-8B and Qwen3-30B-A3B heads): prefill (varlen, 16 x 1024 tokens) and extend
   (paged: 4 chunked-prefill extends of 512 new tokens over 2048 cached), every
   candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages. Only the prefill picks go into the table;
