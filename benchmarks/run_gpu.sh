@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline
+# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-serving hybrid-offline
 # hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
@@ -26,11 +26,13 @@ profile() {
 # Both engines on a random checkpoint of MODEL on disk (WRITER: random_mxfp4_checkpoint.py for MXFP4,
 # random_checkpoint.py for bf16: formats or weights that vLLM's dummy loader gets wrong), each run into
 # OUT_DIR/RUNS, then bench_offline.py's REPORT from those runs; the checkpoint is deleted after.
-# EXTRA: more engine_run.py arguments for both engines (split on spaces).
+# EXTRA: more engine_run.py arguments for both engines (split on spaces). CHECKPOINT_LAYERS=N writes
+# the model's first N layers only (random_checkpoint.py --layers).
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
   local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
   tmp=$(mktemp -d)
-  python3 "$here/e2e/$writer" --config "$here/models/$model.json" --out "$tmp/$model"
+  python3 "$here/e2e/$writer" --config "$here/models/$model.json" --out "$tmp/$model" \
+    ${CHECKPOINT_LAYERS:+--layers $CHECKPOINT_LAYERS}
   mkdir -p "$runs"
   for mode in native atom; do
     [ $mode = native ] && flag=1 || flag=
@@ -77,6 +79,10 @@ for step in $steps; do
                               checkpoint_offline random_checkpoint.py $model $model-ckpt-runs \
                                 offline-mla-checkpoint-$model.json
                             done ;;
+    # DeepSeek-V3's width on N(0, 0.02) weights: its first 5 layers (3 dense, 2 MoE; 53 GB on disk)
+    # are what fits the machine's disk.
+    mla-v3-checkpoint-offline) CHECKPOINT_LAYERS=5 checkpoint_offline random_checkpoint.py deepseek-v3-7l \
+                                 v3-ckpt-runs offline-mla-checkpoint-deepseek-v3-5l.json ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # ATOM serves hybrid linear-attention models on GPUs only when asked (atom_core.envs.serve_hybrid_on_gpu).

@@ -45,6 +45,8 @@ def test_fp8_kv_cache_served_by_atom(tiny_model_dir, architecture):
     assert_atom_served(result)
     backend = "Use atom MLA attention backend" if architecture.startswith("Deepseek") else "Use atom attention backend"
     assert backend in result["log"]
+    if architecture.startswith("Qwen3"):  # no FlashAttention-3 on a CPU: ATOM's kernels read the cache
+        assert "FP8 KV cache: the attention layers run ATOM's attention kernels" in result["log"]
     plain_reference = atom_logits(model)
     with fp8_kv_cache_semantics(CHUNK):
         fp8_reference = atom_logits(model)
@@ -57,6 +59,16 @@ def test_fp8_kv_cache_served_by_atom(tiny_model_dir, architecture):
     assert plain_error > 20 * TOLERANCE
     assert [output["tokens"] for output in outputs] == expected_tokens
 
+
+
+def test_fp8_kv_attention_switch_names_what_it_accepts(monkeypatch):
+    from atom_vllm import envs
+
+    monkeypatch.setenv(envs.FP8_KV_ATTENTION_VARIABLE, "fa2")
+    with pytest.raises(ValueError, match="ATOM_VLLM_FP8_KV_ATTENTION='fa2': expected 'host' or 'atom'"):
+        envs.fp8_kv_attention()
+    monkeypatch.setenv(envs.FP8_KV_ATTENTION_VARIABLE, "atom")
+    assert envs.fp8_kv_attention() == envs.ATOM
 
 
 # Per layer (K, V) of the tiny FP8 Qwen3: near the amax / 448 of its K and V (3.3-4.3), so the cache

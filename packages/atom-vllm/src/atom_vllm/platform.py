@@ -7,6 +7,7 @@ changes only what ATOM owns: attention backend selection, and a start-up report.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from vllm.platforms import builtin_platform_plugins
@@ -65,6 +66,26 @@ def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
     )
 
 
+@functools.cache
+def host_serves_fp8_cache() -> bool:
+    """Whether vLLM's own attention backend serves the MHA layers of an FP8 KV cache on this GPU:
+    where vLLM's FlashAttention-3 reads it (Hopper), it attends in FP8 (vLLM quantizes the query),
+    while ATOM's Triton kernels widen every e4m3 tile to bf16 and ran Qwen3-8B-FP8 with an FP8 cache
+    at 0.90x vLLM alone on an H200 (benchmarks/results/offline-fp8-h200.json[1c4795c-kv-fp8]).
+    ``ATOM_VLLM_FP8_KV_ATTENTION`` (atom_vllm.envs.fp8_kv_attention) overrides. Logged once."""
+    requested = envs.fp8_kv_attention()
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+
+    fa3_reads_fp8 = (current_platform.is_cuda() and current_platform.is_device_capability_family(90)
+                     and get_flash_attn_version() == 3)
+    chosen = requested or (envs.HOST if fa3_reads_fp8 else envs.ATOM)
+    where = "vLLM's own attention backend" if chosen == envs.HOST else "ATOM's attention kernels"
+    logger.info("FP8 KV cache: the attention layers run %s (%s=%s to change)", where,
+                envs.FP8_KV_ATTENTION_VARIABLE, envs.ATOM if chosen == envs.HOST else envs.HOST)
+    return chosen == envs.HOST
+
+
 def cpu_runner_zeroes_only_its_layout() -> bool:
     """Whether the model being built is one with recurrent-state layers on vLLM's CPU runner. vLLM
     zeroes the full-attention cache blocks of such models when it hands them out (their pages are
@@ -105,7 +126,8 @@ class ATOMPlatform(_Base):
                 logger.info("Use atom MLA attention backend")
                 cls._atom_mla_logged = True
             return MLA_BACKEND
-        if envs.attention_disabled() or not atom_attention_supports(attn_selector_config):
+        if (envs.attention_disabled() or not atom_attention_supports(attn_selector_config)
+                or (attn_selector_config.kv_cache_dtype in FP8_KV_CACHE_DTYPES and host_serves_fp8_cache())):
             return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
         if cpu_runner_zeroes_only_its_layout():
             if not cls._cpu_hybrid_logged:
