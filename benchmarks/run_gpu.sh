@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-serving hybrid-offline
+# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-serving hybrid-offline
 # hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
@@ -10,18 +10,21 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
-# Per-kernel profiles of native vLLM and vLLM + ATOM for each named model shape.
-profile() {
-  for model in "$@"; do
-    for mode in native atom; do
-      [ $mode = native ] && flag=1 || flag=
-      ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 "$here/e2e/profile_steps.py" \
-        --config "$here/models/$model.json" --out "$out/profile-$model-$mode.json" --workload-prompts 256
-    done
+# Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
+# weights; --checkpoint DIR), and of each named model shape.
+profile_source() {  # NAME SOURCE...
+  local name=$1 mode flag; shift
+  for mode in native atom; do
+    [ $mode = native ] && flag=1 || flag=
+    ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 "$here/e2e/profile_steps.py" \
+      "$@" --out "$out/profile-$name-$mode.json" --workload-prompts 256
   done
+}
+profile() {
+  for model in "$@"; do profile_source $model --config "$here/models/$model.json"; done
 }
 # Both engines on a random checkpoint of MODEL on disk (WRITER: random_mxfp4_checkpoint.py for MXFP4,
 # random_checkpoint.py for bf16: formats or weights that vLLM's dummy loader gets wrong), each run into
@@ -59,8 +62,12 @@ for step in $steps; do
     sweep) python3 "$here/kernels/sweep_tokens.py" --out "$out/sweep-tokens.json" ;;
     tune) python3 "$here/kernels/tune_kernels.py" --out-dir "$out/tuned" ;;
     fp8-offline) python3 "$here/e2e/bench_offline.py" --out "$out/offline-fp8.json" qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
+    # The last run keeps the FP8 cache on ATOM's kernels (on Hopper vLLM's FlashAttention-3 serves it).
     fp8-kv-offline) python3 "$here/e2e/bench_offline.py" --kv-cache-dtype fp8 --out "$out/offline-fp8-kv.json" \
-                      qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
+                      qwen3-8b-fp8 qwen3-30b-a3b-fp8
+                    ATOM_VLLM_FP8_KV_ATTENTION=atom python3 "$here/e2e/engine_run.py" --kv-cache-dtype fp8 \
+                      --config "$here/models/qwen3-8b-fp8.json" --out "$out/run-qwen3-8b-fp8-atom-kernels.json" \
+                      > "$out/run-qwen3-8b-fp8-atom-kernels.json.log" 2>&1 ;;
     # ATOM serves MXFP4 checkpoints only when asked (atom_core.envs.serve_mxfp4).
     mxfp4-offline) ATOM_SERVE_MXFP4=1 checkpoint_offline random_mxfp4_checkpoint.py gpt-oss-20b-mxfp4 mxfp4-runs \
                      offline-mxfp4.json ;;
@@ -83,6 +90,11 @@ for step in $steps; do
     # are what fits the machine's disk.
     mla-v3-checkpoint-offline) CHECKPOINT_LAYERS=5 checkpoint_offline random_checkpoint.py deepseek-v3-7l \
                                  v3-ckpt-runs offline-mla-checkpoint-deepseek-v3-5l.json ;;
+    mla-v3-checkpoint-profile) tmp=$(mktemp -d)
+                               python3 "$here/e2e/random_checkpoint.py" --config "$here/models/deepseek-v3-7l.json" \
+                                 --layers 5 --out "$tmp/ckpt"
+                               profile_source deepseek-v3-5l-checkpoint --checkpoint "$tmp/ckpt"
+                               rm -rf "$tmp" ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # ATOM serves hybrid linear-attention models on GPUs only when asked (atom_core.envs.serve_hybrid_on_gpu).
