@@ -60,7 +60,6 @@ def test_fp8_kv_cache_served_by_atom(tiny_model_dir, architecture):
     assert [output["tokens"] for output in outputs] == expected_tokens
 
 
-
 def test_fp8_kv_attention_switch_names_what_it_accepts(monkeypatch):
     from atom_vllm import envs
 

@@ -70,8 +70,9 @@ def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
 def host_serves_fp8_cache() -> bool:
     """Whether vLLM's own attention backend serves the MHA layers of an FP8 KV cache on this GPU:
     where vLLM's FlashAttention-3 reads it (Hopper), it attends in FP8 (vLLM quantizes the query),
-    while ATOM's Triton kernels widen every e4m3 tile to bf16 and ran Qwen3-8B-FP8 with an FP8 cache
-    at 0.90x vLLM alone on an H200 (benchmarks/results/offline-fp8-h200.json[1c4795c-kv-fp8]).
+    while ATOM's Triton kernels widen every e4m3 tile to bf16. Qwen3-8B-FP8 with an FP8 cache on an
+    H200 ran at 0.99x vLLM alone this way and at 0.93x on ATOM's kernels, in one run
+    (benchmarks/results/offline-fp8-h200.json[fcf7495-kv-fp8]).
     ``ATOM_VLLM_FP8_KV_ATTENTION`` (atom_vllm.envs.fp8_kv_attention) overrides. Logged once."""
     requested = envs.fp8_kv_attention()
     from vllm.platforms import current_platform

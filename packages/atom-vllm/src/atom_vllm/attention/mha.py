@@ -11,7 +11,8 @@ atom_kernels:
 
 With ``--kv-cache-dtype fp8`` the cache (allocated by vLLM as uint8) is read as e4m3 and holds K / V
 divided by the layer's ``_k_scale`` / ``_v_scale`` (vLLM's: 1.0 unless the checkpoint or
-``--calculate-kv-scales`` sets them); prefill attends over the fresh, unquantized K/V.
+``--calculate-kv-scales`` sets them); prefill attends over the fresh, unquantized K/V. On Hopper the
+platform gives FP8 caches to vLLM's FlashAttention-3 instead (atom_vllm.platform.host_serves_fp8_cache).
 
 vLLM reorders each batch so requests run [decodes | extends | prefills] (reorder_batch_threshold 1).
 """
