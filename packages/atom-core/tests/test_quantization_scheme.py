@@ -173,7 +173,8 @@ def test_mxfp4_is_served_for_gpt_oss_only(method, architecture, reasons, monkeyp
 
 
 def test_mxfp4_is_served_only_when_asked(monkeypatch):
-    """Off by default: ATOM's MXFP4 MoE is 0.10x the host's on an H200 (docs/performance.md)."""
+    """Off by default: on an H200 ATOM is level with vLLM alone on gpt-oss MXFP4 offline and slower
+    serving 16 and 64 requests (atom_core.envs.serve_mxfp4, docs/performance.md)."""
     model = dataclasses.replace(hosted(GPT_OSS_MXFP4, "mxfp4"), architecture="GptOssForCausalLM")
     monkeypatch.delenv("ATOM_SERVE_MXFP4", raising=False)
     assert decide_takeover(model).reasons == (MXFP4_OPT_IN_REASON,)

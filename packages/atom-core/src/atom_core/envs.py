@@ -20,9 +20,9 @@ def strict_takeover() -> bool:
 
 
 def serve_mxfp4() -> bool:
-    """ATOM_SERVE_MXFP4=1: ATOM serves gpt-oss MXFP4 checkpoints. Off by default, because ATOM is
-    only level with vLLM alone on them on an H200 so far (1.02-1.16x, docs/performance.md): the host
-    serves them until ATOM is measurably faster."""
+    """ATOM_SERVE_MXFP4=1: ATOM serves gpt-oss MXFP4 checkpoints. Off by default, because on an H200
+    ATOM is only level with vLLM alone on them offline (1.02-1.16x) and slower serving 16 and 64
+    requests (0.81-0.85x; docs/performance.md): the host serves them until ATOM is measurably faster."""
     return flag("ATOM_SERVE_MXFP4")
 
 
