@@ -71,6 +71,15 @@ def run_engine(config: str, atom: bool, out: str, extra: list[str], engine: str 
     return read_run(out, error)
 
 
+def atom_log_lines(lines: list[str], limit: int) -> list[str]:
+    """ATOM's own log lines of a run, at most ``limit``: without the plugin's "Register model" lines
+    (every architecture ATOM registers, the same in every run), the home directory (ATOM's compile
+    cache) written as ~."""
+    home = os.path.expanduser("~")
+    return [line.replace(home, "~") for line in lines
+            if "INFO atom:" in line and "Register model" not in line][:limit]
+
+
 def read_run(out: str, error: str | None = None) -> dict:
     """One engine run's result (``out``, written by engine_run.py or sglang_run.py) with what its log
     (``out`` + ".log") says: weights memory (vLLM), ATOM's lines, vLLM's kernel choices."""
@@ -83,8 +92,7 @@ def read_run(out: str, error: str | None = None) -> dict:
     # sglang_run.py records the weights' memory itself (SGLang logs it only at log level info).
     result.setdefault("weights_gib", weights_gib)
     lines = log_text.splitlines(keepends=True)
-    # The plugin's "Register model" lines list every architecture ATOM registers, the same in every run.
-    result["atom_log_lines"] = [line for line in lines if "INFO atom:" in line and "Register model" not in line][:40]
+    result["atom_log_lines"] = atom_log_lines(lines, 40)
     result["vllm_kernel_lines"] = [line for line in lines if KERNEL_CHOICE.search(line)][:20]
     return result
 

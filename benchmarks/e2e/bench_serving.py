@@ -32,6 +32,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bench_offline import atom_log_lines
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
 METRICS = ["output_throughput", "total_token_throughput", "request_throughput",
@@ -170,8 +172,7 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
             save(mode, run)
             return run
         run["server_start_s"] = time.perf_counter() - started
-        run["atom_log_lines"] = [line.strip() for line in open(log_path)
-                                 if "INFO atom:" in line and "Register model" not in line][:20]
+        run["atom_log_lines"] = [line.strip() for line in atom_log_lines(open(log_path).readlines(), 20)]
         warm_up = Workload(workload.input_len, WARM_UP_OUTPUT_LEN)
         warm_up_path = os.path.join(workdir, f"warm-up-{mode}{engine.result_suffix}")
         _, warm_up_command = engine.commands(model_dir, port, dummy, warm_up, max(concurrencies), warm_up_path)

@@ -132,8 +132,8 @@ def _speculative(model: HostedModel) -> str | None:
 
 
 HYBRID_GPU_OPT_IN_REASON = ("hybrid linear-attention models ran slower with ATOM than with the host on a GPU "
-                            "so far (Qwen3-Next: 0.93x vLLM alone on an H200, "
-                            "benchmarks/results/offline-hybrid-h200.json[f22e6cf-checkpoint]; Qwen3.5 not measured) "
+                            "so far (Qwen3-Next: 0.92x vLLM alone on an H200, "
+                            "benchmarks/results/offline-hybrid-h200.json[fcf7495-checkpoint]; Qwen3.5 not measured) "
                             "(ATOM_SERVE_HYBRID_ON_GPU=1 serves them with ATOM on GPUs)")
 
 
