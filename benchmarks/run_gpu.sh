@@ -3,14 +3,14 @@
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
 # fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-serving hybrid-offline
-# hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
+# hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-serving hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-serving hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
@@ -107,6 +107,11 @@ for step in $steps; do
     hybrid-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                                  hybrid-ckpt-runs offline-hybrid-checkpoint.json \
                                  '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
+    # Qwen3.5-35B-A3B's language model (the VLM checkpoint, vision tower included), its first 20 layers (5 of
+    # them full attention; 35 GB on disk), served text-only (vLLM's language_model_only: no vision tower).
+    qwen3.5-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 CHECKPOINT_LAYERS=20 checkpoint_offline random_checkpoint.py \
+                                  qwen3.5-35b-a3b qwen3.5-ckpt-runs offline-hybrid-checkpoint-qwen3.5-35b-a3b-20l.json \
+                                  '--engine-arg additional_config={"gdn_prefill_backend":"triton"} --engine-arg language_model_only=true' ;;
     # Agreement only, in fp32 (100 GB of weights), eager: in bf16 this checkpoint's near-tied logits differ
     # by bf16's rounding alone (docs/performance.md, "Qwen3-Next on an H200"). vLLM alone does not run
     # Qwen3-Next in fp32 (its FLA chunk kernel asserts bf16), so ATOM's first-step logprobs go against

@@ -23,6 +23,7 @@ from offline_workload import (
     model_dir,
     random_prompts,
     run_header,
+    vocab_size,
     write_result,
 )
 
@@ -58,7 +59,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     path, load_format, config = model_dir(args)
-    vocab = config["vocab_size"]
+    vocab = vocab_size(config)
     start = time.perf_counter()
     llm = LLM(model=path, load_format=load_format, skip_tokenizer_init=True, dtype=args.dtype,
               max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0,

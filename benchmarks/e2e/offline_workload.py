@@ -68,6 +68,11 @@ def model_dir(args: argparse.Namespace) -> tuple[str, str, dict]:
         return path, load_format, json.load(f)
 
 
+def vocab_size(config: dict) -> int:
+    """The vocabulary of an HF config, a vision-language model's (in its ``text_config``) included."""
+    return config.get("vocab_size") or config["text_config"]["vocab_size"]
+
+
 def run_header(args: argparse.Namespace, engine: str, atom_disabled: bool, engine_start_s: float,
                served_by: dict) -> dict:
     """The keys every engine run's result starts with."""

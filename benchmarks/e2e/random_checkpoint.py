@@ -2,6 +2,8 @@
 
     python random_checkpoint.py --config ../models/deepseek-v2-lite.json --out DIR [--layers N] [--seed S]
 
+(``--layers`` cuts a vision-language model's language model, in its ``text_config``.)
+
 vLLM's dummy loader fills every parameter from U(-1e-3, 1e-3), seeded alike for each parameter, so a
 MoE router's logits are near-ties and routing collapses onto a few experts, and onto different ones in
 two engines whose parameter layouts differ (on an H200, vLLM alone's MoE at decode batch 256 read far
@@ -22,7 +24,7 @@ import os
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.core_model_loading import revert_weight_conversion
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
@@ -38,9 +40,10 @@ def read_config(path: str, layers: int | None) -> dict:
         raise SystemExit(f"{path} has a quantization_config: this writer makes bf16 checkpoints only "
                          "(gpt-oss MXFP4: random_mxfp4_checkpoint.py)")
     if layers:
-        config["num_hidden_layers"] = layers
-        if "layer_types" in config:
-            config["layer_types"] = config["layer_types"][:layers]
+        language = config.get("text_config", config)
+        language["num_hidden_layers"] = layers
+        if "layer_types" in language:
+            language["layer_types"] = language["layer_types"][:layers]
     return config
 
 
@@ -48,8 +51,10 @@ def checkpoint_layout(config: dict) -> dict[str, torch.Tensor]:
     """Name -> meta tensor (shape and dtype) of every tensor a checkpoint of ``config`` holds, as
     ``save_pretrained`` names and shapes them."""
     hf_config = AutoConfig.for_model(**config)
+    # A vision-language model (its language model under text_config) is written whole, vision tower too.
+    model_class = AutoModelForImageTextToText if "text_config" in config else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+        model = model_class.from_config(hf_config, dtype=torch.bfloat16)
     return revert_weight_conversion(model, remove_tied_weights_from_state_dict(model.state_dict(), model))
 
 

@@ -39,6 +39,7 @@ from offline_workload import (
     measure_throughput,
     model_dir,
     run_header,
+    vocab_size,
     write_result,
 )
 
@@ -76,7 +77,7 @@ def main() -> None:
     import sglang
 
     path, load_format, config = model_dir(args)
-    vocab = config["vocab_size"]
+    vocab = vocab_size(config)
     start = time.perf_counter()
     engine = sglang.Engine(**{
         "model_path": path, "load_format": load_format, "skip_tokenizer_init": True, "dtype": args.dtype,
