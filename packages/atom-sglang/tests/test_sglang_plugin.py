@@ -88,9 +88,10 @@ def test_user_model_package_keeps_precedence(probes):
 
 
 def test_installed_sglang_is_the_pinned_one():
-    from atom_sglang.version import REQUIRED_SGLANG, SGLANG_RELEASE
+    from atom_sglang.version import SGLANG_RELEASE
 
-    assert SGLANG_RELEASE.installed_version().split("+")[0] == REQUIRED_SGLANG
+    assert SGLANG_RELEASE.range_text() == "==0.5.17"
+    assert SGLANG_RELEASE.installed_version().split("+")[0] == "0.5.17"
     SGLANG_RELEASE.check()
 
 
@@ -100,8 +101,9 @@ def test_other_sglang_versions_are_refused_naming_the_needed_one(found, monkeypa
     from atom_sglang.version import SGLANG_RELEASE
 
     monkeypatch.delenv("ATOM_SKIP_SGLANG_VERSION_CHECK", raising=False)
-    with pytest.raises(HostVersionError, match=rf"atom-sglang needs SGLang 0\.5\.17, found SGLang {found}\. "
-                                               r"Install sglang==0\.5\.17, or set ATOM_SKIP_SGLANG_VERSION_CHECK=1"):
+    with pytest.raises(HostVersionError, match=rf"atom-sglang needs SGLang ==0\.5\.17 \(sglang\), "
+                                               rf"found SGLang {found}\. Install SGLang ==0\.5\.17, "
+                                               r"or set ATOM_SKIP_SGLANG_VERSION_CHECK=1"):
         SGLANG_RELEASE.check(found)
     monkeypatch.setenv("ATOM_SKIP_SGLANG_VERSION_CHECK", "1")
     SGLANG_RELEASE.check(found)

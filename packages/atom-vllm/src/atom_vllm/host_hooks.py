@@ -36,7 +36,8 @@ def vllm_attention_class() -> type[nn.Module]:
             direct = (
                 self.attn_backend.forward_includes_kv_cache_update
                 and self.query_quant is None
-                and not self.calculate_kv_scales
+                # vLLM 0.26 can compute KV scales at run time (--calculate-kv-scales); later releases dropped it.
+                and not getattr(self, "calculate_kv_scales", False)
             )
             if out is None or not direct:
                 result = super().forward(query, key, value)

