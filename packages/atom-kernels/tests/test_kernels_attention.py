@@ -168,6 +168,24 @@ def test_paged_attention(
 
 
 @backends
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_paged_attention_over_halves_of_each_token_row(backend, num_splits):
+    """The same attention over a cache laid out as vLLM 0.29+ lays it out ([blocks, block_size,
+    heads, K | V]: K and V strided views) as over separate K and V caches."""
+    heads, kv_heads, head_size, block_size, q_lens, seq_lens = 8, 2, 64, 16, [1, 4], [70, 33]
+    block_table, num_blocks = paged_layout(seq_lens, block_size)
+    kv_cache = rand(num_blocks, block_size, kv_heads, 2 * head_size, dtype=torch.bfloat16)
+    key_view, value_view = kv_cache[..., :head_size], kv_cache[..., head_size:]
+    q = rand(sum(q_lens), heads, head_size, dtype=torch.bfloat16)
+    args = (cu_seqlens(q_lens), torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), block_table,
+            head_size**-0.5)
+    attention = impl("paged_attention", backend)
+    out = attention(q, key_view, value_view, *args, num_splits=num_splits)
+    expected = attention(q, key_view.contiguous(), value_view.contiguous(), *args, num_splits=num_splits)
+    assert torch.equal(out, expected)
+
+
+@backends
 def test_paged_attention_max_seq_len_hint(backend):
     """The split-K hint changes the work split, not the result."""
     seq_lens = [300, 5]

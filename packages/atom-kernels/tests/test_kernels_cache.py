@@ -61,6 +61,22 @@ def test_reshape_and_cache_into_halves_of_one_allocation(backend):
 
 
 @backends
+def test_reshape_and_cache_into_halves_of_each_token_row(backend):
+    """vLLM 0.29+ lays a block out as [block_size, heads, K | V]; K and V are the halves of the last
+    dimension (strided views, atom_vllm.attention.cache_layout)."""
+    kv_cache = nan_cache(4, 8, 2, 2 * 32, dtype=torch.bfloat16)
+    k, v = rand(5, 2, 32, dtype=torch.bfloat16), rand(5, 2, 32, dtype=torch.bfloat16)
+    slots = [0, 9, 31, 17, 4]
+    key_cache, value_cache = kv_cache[..., :32], kv_cache[..., 32:]
+    want_k, want_v = expected_cache(key_cache, k, slots), expected_cache(value_cache, v, slots)
+    impl("reshape_and_cache", backend)(
+        k, v, key_cache, value_cache, torch.tensor(slots, device=DEVICE)
+    )
+    assert_same_cache(kv_cache[..., :32], want_k)
+    assert_same_cache(kv_cache[..., 32:], want_v)
+
+
+@backends
 @float_dtypes
 @pytest.mark.parametrize(
     "kv_lora_rank, rope_dim, block_size", [(512, 64, 16), (64, 16, 1), (96, 32, 3)]

@@ -8,11 +8,11 @@ checkpoint); Qwen3.5's tests cover images through a VLM with ATOM's language mod
 
 import pytest
 from test_vllm_parity import make_prompts, tokens_of
-from vllm_testing import hf_greedy, run_vllm
+from vllm_testing import hf_greedy, needs_torchvision, run_vllm
 
 from atom_core.testing.tiny_vision_language import build_tiny_kimi_k25_language_model
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, needs_torchvision]
 
 MAX_TOKENS = 8
 TOWER_OFF = {"limit_mm_per_prompt": {"image": 0, "video": 0, "vision_chunk": 0}}

