@@ -37,7 +37,7 @@ def embedded_prompt(model_dir: str):
     return lambda ids: {"prompt_embeds": table[ids]}
 
 
-def test_block_size() -> int:
+def runner_block_size() -> int:
     """16 tokens; 32 from vLLM 0.29, whose CPU attention takes multiples of 32 only."""
     from atom_vllm.version import vllm_release
 
@@ -53,7 +53,7 @@ def main() -> None:
         distributed_executor_backend="uni",
         max_model_len=256,
         max_num_seqs=8,
-        block_size=test_block_size(),
+        block_size=runner_block_size(),
         enforce_eager=True,
         seed=0,
     )

@@ -20,15 +20,13 @@ import torch
 
 from atom_vllm.version import vllm_release
 
-
-def host_owns_layout() -> bool:
-    """vLLM 0.29+: vLLM, not the backend, sets the cache's shape."""
-    return vllm_release() >= (0, 29)
+# vLLM 0.29+: vLLM, not the backend, sets the cache's shape. Read once: the views below run every step.
+HOST_OWNS_LAYOUT = vllm_release() >= (0, 29)
 
 
 def supported_mha_layouts() -> tuple | None:
     """The physical orders ATOM's MHA backend reads (vLLM 0.29+; None before: the backend sets the shape)."""
-    if not host_owns_layout():
+    if not HOST_OWNS_LAYOUT:
         return None
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
@@ -37,7 +35,7 @@ def supported_mha_layouts() -> tuple | None:
 
 def key_value_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(key_cache, value_cache), each ``[blocks, block_size, heads, head_size]``, of an MHA layer's cache."""
-    if not host_owns_layout():
+    if not HOST_OWNS_LAYOUT:
         return kv_cache.unbind(0)
     by_token = kv_cache.transpose(1, 2)  # logical [blocks, heads, block_size, K‖V] -> [blocks, block_size, heads, K‖V]
     head_size = by_token.shape[-1] // 2
@@ -48,7 +46,7 @@ def one_block_mha_cache(heads: int, head_size: int, block_size: int, dtype: torc
                         device: torch.device) -> torch.Tensor:
     """A zeroed one-block MHA cache laid out as vLLM lays out the real ones (for compiling kernels
     on the strides they will see)."""
-    if not host_owns_layout():
+    if not HOST_OWNS_LAYOUT:
         return torch.zeros((2, 1, block_size, heads, head_size), dtype=dtype, device=device)
     return torch.zeros((1, block_size, heads, 2 * head_size), dtype=dtype, device=device).transpose(1, 2)
 
@@ -56,4 +54,4 @@ def one_block_mha_cache(heads: int, head_size: int, block_size: int, dtype: torc
 def latent_view(kv_cache: torch.Tensor) -> torch.Tensor:
     """An MLA layer's cache as ``[blocks, block_size, dim]`` (before vLLM binds the cache, the empty
     placeholder as it is)."""
-    return kv_cache.squeeze(1) if host_owns_layout() and kv_cache.dim() == 4 else kv_cache
+    return kv_cache.squeeze(1) if HOST_OWNS_LAYOUT and kv_cache.dim() == 4 else kv_cache
