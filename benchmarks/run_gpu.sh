@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-serving hybrid-offline
+# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving hybrid-offline
 # hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-serving hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
@@ -20,7 +20,7 @@ profile_source() {  # NAME SOURCE...
   for mode in native atom; do
     [ $mode = native ] && flag=1 || flag=
     ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 "$here/e2e/profile_steps.py" \
-      "$@" --out "$out/profile-$name-$mode.json" --workload-prompts 256
+      --workload-prompts 256 "$@" --out "$out/profile-$name-$mode.json"
   done
 }
 profile() {
@@ -95,6 +95,14 @@ for step in $steps; do
                                  --layers 5 --out "$tmp/ckpt"
                                profile_source deepseek-v3-5l-checkpoint --checkpoint "$tmp/ckpt"
                                rm -rf "$tmp" ;;
+    # What TTFT at one request measures: one 1024-token prefill alone in its step (and decode at batch
+    # 1), on the random checkpoint mla-serving serves; wall time against GPU time per step.
+    mla-lone-prefill-profile) tmp=$(mktemp -d)
+                              python3 "$here/e2e/random_checkpoint.py" --config "$here/models/deepseek-v2-lite.json" \
+                                --out "$tmp/ckpt"
+                              profile_source deepseek-v2-lite-lone-prefill --checkpoint "$tmp/ckpt" \
+                                --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0
+                              rm -rf "$tmp" ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # ATOM serves hybrid linear-attention models on GPUs only when asked (atom_core.envs.serve_hybrid_on_gpu).
