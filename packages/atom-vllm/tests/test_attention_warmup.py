@@ -2,9 +2,9 @@
 
 vLLM's profiling and warm-up forward passes reach attention without metadata. ATOM's MHA impl uses
 the first such pass to run its varlen (prefill) and paged non-decode (extend) kernels once on the
-layer's own tensors, the MLA impl its expanded prefill, so that Triton compiles them at start-up,
-not during the first long prompt (which vLLM's JIT monitor reported on the H200). On this CPU
-machine the same calls run the torch backend.
+layer's own tensors, the MLA impl its prefill-form rope + cache write and expanded prefill, so that
+Triton compiles them at start-up, not during the first long prompt (which vLLM's JIT monitor
+reported on the H200). On this CPU machine the same calls run the torch backend.
 """
 
 import pytest
@@ -16,7 +16,7 @@ from atom_core.layers.mla import LatentAttentionSpec
 from atom_core.layers.rotary import RotaryEmbedding
 from atom_vllm.attention.mha import ATOMAttentionImpl
 from atom_vllm.attention.mla import ATOMMLAImpl
-from atom_vllm.attention.mla_fa3 import ATOM
+from atom_vllm.attention.mla_fa3 import ATOM, FA3
 
 
 def make_impl(sliding_window=None, sinks=None) -> ATOMAttentionImpl:
@@ -54,7 +54,10 @@ def test_too_small_pass_skips_warmup(num_tokens):
     assert impl.prefill_kernels_compiled
 
 
-def test_mla_first_batchless_pass_runs_expanded_prefill(monkeypatch):
+@pytest.mark.parametrize("kernels, fp8_cache", [(ATOM, False), (ATOM, True), (FA3, False)])
+def test_mla_first_batchless_pass_runs_the_prefill_paths_kernels(kernels, fp8_cache, monkeypatch):
+    """The rope + cache write in its prefill form (expanded q_nope, into a cache of the layer's dtype)
+    with either attention kernels, and the expanded attention where ATOM's kernels run it."""
     heads, nope, rope, v, rank = 4, 16, 8, 12, 32
     spec = LatentAttentionSpec(
         num_heads=heads, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, kv_lora_rank=rank,
@@ -62,11 +65,17 @@ def test_mla_first_batchless_pass_runs_expanded_prefill(monkeypatch):
         rotary_emb=RotaryEmbedding(rope, rope, 64, {"rope_type": "default", "rope_theta": 10000.0}),
     )
     spec.kv_b_proj.weight.data.normal_()
-    impl = ATOMMLAImpl(spec, ATOM)
+    impl = ATOMMLAImpl(spec, kernels, fp8_cache)
     calls = []
-    varlen = atom_kernels.varlen_attention
+    varlen, rope_cache = atom_kernels.varlen_attention, atom_kernels.fused_qk_rope_concat_and_cache_mla
     monkeypatch.setattr(atom_kernels, "varlen_attention",
-                        lambda q, *args: calls.append(tuple(q.shape)) or varlen(q, *args))
+                        lambda q, *args: calls.append(("attention", tuple(q.shape))) or varlen(q, *args))
+
+    def record_rope_cache(q_nope, q_pe, kv_c, k_pe, kv_cache, *args, **kwargs):
+        calls.append(("rope_cache", tuple(q_nope.shape), kv_cache.dtype, kwargs["kv_scale"] is not None))
+        return rope_cache(q_nope, q_pe, kv_c, k_pe, kv_cache, *args, **kwargs)
+
+    monkeypatch.setattr(atom_kernels, "fused_qk_rope_concat_and_cache_mla", record_rope_cache)
 
     def dummy_pass(num_tokens: int) -> torch.Tensor:
         output = torch.full((num_tokens, heads * v), float("nan"))
@@ -74,7 +83,11 @@ def test_mla_first_batchless_pass_runs_expanded_prefill(monkeypatch):
                             torch.randn(num_tokens, rank), torch.randn(num_tokens, rope), torch.empty(0), None,
                             output)
 
+    cache_dtype = torch.float8_e4m3fn if fp8_cache else torch.float32
+    expected = [("rope_cache", (16, heads, nope), cache_dtype, fp8_cache)]
+    if kernels == ATOM:
+        expected.append(("attention", (16, heads, nope + rope)))
     assert (dummy_pass(40) == 0).all()  # dummy passes still return zeros (data-parallel peers)
-    assert calls == [(16, heads, nope + rope)]
+    assert calls == expected
     dummy_pass(40)
-    assert calls == [(16, heads, nope + rope)]  # once per layer
+    assert calls == expected  # once per layer

@@ -252,7 +252,9 @@ def _rotate_rows(
     tl.store(dst + second, y2.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# A prefill's positions and slots start after the batch's decode tokens, 16-byte aligned or not with
+# their count: one variant for both, or the first batch of the other parity compiles a second.
+@triton.jit(do_not_specialize_on_alignment=["slot_mapping_ptr", "positions_ptr"])
 def _fused_qk_rope_concat_and_cache_mla_kernel(
     q_nope_ptr,
     q_pe_ptr,

@@ -55,6 +55,7 @@ from vllm.v1.attention.selector import get_attn_backend
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES
+from atom_core.hosting.warmup import WARM_UP_TOKENS
 from atom_core.layers.mla import (
     LatentAttentionSpec,
     absorb_q,
@@ -197,14 +198,15 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
     """One layer's MLA step: cache write and attention, decode absorbed, prefill expanded. ``kernels``
     (:func:`mla_fa3.mla_kernels`): the attention cores run FA3 or ATOM's Triton kernels."""
 
-    def __init__(self, spec: LatentAttentionSpec, kernels: str):
+    def __init__(self, spec: LatentAttentionSpec, kernels: str, fp8_cache: bool = False):
         self.spec = spec
         self.num_heads = spec.num_heads
         self.head_size = spec.latent_dim
         self.scale = spec.scale
         self.fa3 = kernels == FA3
-        # FA3 ships compiled; the Triton prefill compiles during vLLM's warm-up (compile_prefill_kernels).
-        self.prefill_kernels_compiled = self.fa3
+        self.fp8_cache = fp8_cache
+        # The prefill path's Triton kernels compile during vLLM's warm-up (compile_prefill_kernels).
+        self.prefill_kernels_compiled = False
         self.fp8_cache_dtype = current_platform.fp8_dtype()
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
@@ -216,7 +218,7 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
             # batches for their peers in step (vLLM's MLA does the same).
             capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
             if not self.prefill_kernels_compiled and not capturing:
-                self.compile_prefill_kernels(q, kv_c, k_pe)
+                self.compile_prefill_kernels(positions, q, kv_c, k_pe)
             return output.zero_()
         if kv_scale is not None:
             kv_cache = kv_cache.view(self.fp8_cache_dtype)
@@ -258,17 +260,31 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
                                           m.prefill_context_start_loc)
         return output
 
-    def compile_prefill_kernels(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> None:
-        """Run the expanded prefill attention once on this layer's shapes during vLLM's batch-less
-        warm-up passes, so that Triton compiles it at start-up rather than on the first prompt (the
-        decode path compiles when vLLM captures its decode CUDA graphs). The result is discarded."""
+    def compile_prefill_kernels(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
+                                k_pe: torch.Tensor) -> None:
+        """Run the prefill path's Triton kernels once on this layer's shapes during vLLM's batch-less
+        warm-up passes, so that Triton compiles them at start-up rather than on the first prompt (the
+        decode path compiles when vLLM captures its decode CUDA graphs): the rope and cache write with
+        the expanded ``q_nope`` (a specialisation of its own, which an H200 run saw compiling on the
+        first prompt), into a scratch cache of the layer's cache dtype, and the expanded attention
+        where ATOM's kernels run it (FA3 ships compiled). The results are discarded."""
         self.prefill_kernels_compiled = True
-        n = min(q.shape[0], 16)
+        n = min(q.shape[0], WARM_UP_TOKENS)
         if n < 2:
             return
+        s, nope = self.spec, self.spec.qk_nope_head_dim
+        # One cache block of a typical block size, so that the strides specialise as the real cache's.
+        scratch = torch.empty((1, WARM_UP_TOKENS, kv_c.shape[-1] + s.qk_rope_head_dim), device=q.device,
+                              dtype=self.fp8_cache_dtype if self.fp8_cache else q.dtype)
+        kv_scale = torch.ones((), dtype=torch.float32, device=q.device) if self.fp8_cache else None
+        slots = torch.arange(n, device=q.device)
+        q_full = rope_and_cache(s, positions[:n], q[:n, :, :nope], q[:n, :, nope:], kv_c[:n], k_pe[:n], scratch,
+                                slots, kv_scale)
+        if self.fa3:
+            return
+        latent = scratch[0, :n] if kv_scale is None else (scratch[0, :n].float() * kv_scale).to(q.dtype)
         cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=q.device)
-        latent = torch.cat([kv_c[:n], k_pe[:n].reshape(n, -1)], dim=-1)
-        mla_prefill(self.spec, q[:n].contiguous(), latent, cu_seqlens, cu_seqlens)
+        mla_prefill(s, q_full, latent, cu_seqlens, cu_seqlens)
 
 
 class ATOMMLAAttention(nn.Module, AttentionLayerBase):
@@ -295,7 +311,8 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
                 f"layer needs a feature ATOM's MLA lacks, e.g. kv_cache_dtype={self.kv_cache_dtype!r}). "
                 "Set ATOM_DISABLE_VLLM_PLUGIN=1 to serve the model with vLLM's own implementation."
             )
-        self.impl = ATOMMLAImpl(spec, mla_kernels(_fp8_cache(self.kv_cache_dtype)))
+        fp8_cache = _fp8_cache(self.kv_cache_dtype)
+        self.impl = ATOMMLAImpl(spec, mla_kernels(fp8_cache), fp8_cache)
         # vLLM's default scale of an FP8 cache, under the name its attention layers give it.
         self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
         self.model_dtype = vllm_config.model_config.dtype
