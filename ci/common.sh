@@ -28,6 +28,12 @@ NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm
 sync_sglang_env() {
     UV_PROJECT_ENVIRONMENT=.venv-sglang uv sync --frozen --package atom-sglang --group dev
 }
+# The newest SGLang atom-sglang supports, from its own lock (torch 2.14, which the workspace lock's
+# SGLang 0.5.17 cannot share): ci/hosts/sglang-0.5.23. Its engine-level suites run there whole.
+NEWEST_SGLANG_ENV=ci/hosts/sglang-0.5.23/.venv
+sync_newest_sglang_env() {
+    (cd ci/hosts/sglang-0.5.23 && uv sync --frozen)
+}
 # The oldest transformers vLLM 0.26.0 accepts (with the hub and tokenizers it needs), beside the
 # lock's: ATOM must read published HF configs on it as well. Put first on PYTHONPATH over .venv.
 OLDEST_TRANSFORMERS=.venv-transformers-5.5.3

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole CPU test suite: kernels, core, vLLM plugin (real vLLM CPU build: 0.26, then the engine-level
-# suites on 0.32), SGLang plugin (real SGLang 0.5.17, CPU engine). GPU tests skip cleanly without a GPU.
+# suites on 0.32), SGLang plugin (real SGLang CPU engine: 0.5.17, then 0.5.23). GPU tests skip cleanly
+# without a GPU.
 source "$(dirname "$0")/common.sh"
 sync_vllm_env
 .venv/bin/ruff check packages benchmarks ci
@@ -22,3 +23,6 @@ sync_sglang_env
 .venv-sglang/bin/pytest -q packages/atom-sglang/tests "$@"
 # And on the SGLang environment's transformers (5.12: no GptOssConfig.swiglu_alpha either).
 .venv-sglang/bin/pytest -q packages/atom-core/tests/test_takeover.py "$@"
+# The SGLang suites again on the newest supported SGLang (0.5.23).
+sync_newest_sglang_env
+"$NEWEST_SGLANG_ENV/bin/pytest" -q -p no:cacheprovider packages/atom-sglang/tests "$@"

@@ -42,6 +42,8 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     import sglang
 
+    from atom_sglang.resolved_args import in_effect
+
     for run in spec["runs"]:
         engine = sglang.Engine(model_path=run["model"], **{**ENGINE_KWARGS, **run.get("engine_kwargs", {})})
         print(READY_MARKER, file=sys.stderr, flush=True)
@@ -56,7 +58,7 @@ def main() -> None:
                 for prompts in run["phases"]
             ]
             result = {"model": run["model"], "phases": phases,
-                      "attention_backend": engine.server_args.attention_backend}
+                      "attention_backend": in_effect(engine.server_args).attention_backend}
         finally:
             engine.shutdown()
         print(RESULT_MARKER + json.dumps(result), flush=True)

@@ -4,9 +4,10 @@ activation from installation alone, the disable switches, and precedence of a us
 import json
 import os
 import sys
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, requires
 
 import pytest
+from packaging.requirements import Requirement
 from sglang_testing import TESTS_DIR, run_parallel
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
@@ -61,6 +62,11 @@ def test_attention_backend_selection(probes):
     report = probes["active"]
     assert report["default_backend"] == "atom"  # no flag needed
     assert report["explicit_backend"] == "torch_native"  # the user's choice wins
+    # SGLang 0.5.20 and later run an FP8 KV cache on CPU with their intel_amx backend only.
+    from atom_sglang.version import cpu_fp8_kv_cache_needs_intel_amx
+
+    fp8_kv_default = report["default_backend_fp8_kv_cache"]
+    assert (fp8_kv_default != "atom") if cpu_fp8_kv_cache_needs_intel_amx() else (fp8_kv_default == "atom")
     assert report["cli_backend"] == "atom"  # --attention-backend atom parses
     assert report["default_backend_attention_disabled"] == "torch_native"  # ATOM_DISABLE_..._ATTENTION=1
     # SGLang's Triton helpers stay off on the CPU engine with ATOM's backend, as with torch_native.
@@ -87,23 +93,41 @@ def test_user_model_package_keeps_precedence(probes):
         a: ATOM_MODULE for a in TEXT_ARCHITECTURES if a != "Qwen3ForCausalLM"}
 
 
-def test_installed_sglang_is_the_pinned_one():
+def test_installed_sglang_is_in_the_supported_range():
     from atom_sglang.version import SGLANG_RELEASE
 
-    assert SGLANG_RELEASE.range_text() == "==0.5.17"
-    assert SGLANG_RELEASE.installed_version().split("+")[0] == "0.5.17"
+    assert SGLANG_RELEASE.supports(SGLANG_RELEASE.installed_version())
     SGLANG_RELEASE.check()
 
 
-@pytest.mark.parametrize("found", ["0.5.16", "0.5.18", "0.6.0"])
-def test_other_sglang_versions_are_refused_naming_the_needed_one(found, monkeypatch):
+def test_supported_range_is_the_one_the_package_metadata_declares():
+    from atom_sglang.version import SGLANG_RELEASE
+
+    (declared,) = [Requirement(line).specifier for line in requires("atom-sglang")
+                   if Requirement(line).name == "sglang"]
+    assert declared == SGLANG_RELEASE.supported
+    assert SGLANG_RELEASE.range_text() == ">=0.5.17,<0.5.24"
+
+
+@pytest.mark.parametrize("found", ["0.5.16", "0.5.24", "0.5.24rc0", "0.6.0"])
+def test_other_sglang_versions_are_refused_naming_the_supported_range(found, monkeypatch):
     from atom_core.hosting.version import HostVersionError
     from atom_sglang.version import SGLANG_RELEASE
 
     monkeypatch.delenv("ATOM_SKIP_SGLANG_VERSION_CHECK", raising=False)
-    with pytest.raises(HostVersionError, match=rf"atom-sglang needs SGLang ==0\.5\.17 \(sglang\), "
-                                               rf"found SGLang {found}\. Install SGLang ==0\.5\.17, "
+    with pytest.raises(HostVersionError, match=rf"atom-sglang needs SGLang >=0\.5\.17,<0\.5\.24 \(sglang\), "
+                                               rf"found SGLang {found}\. Install SGLang >=0\.5\.17,<0\.5\.24, "
                                                r"or set ATOM_SKIP_SGLANG_VERSION_CHECK=1"):
         SGLANG_RELEASE.check(found)
+    monkeypatch.setenv("ATOM_SKIP_SGLANG_VERSION_CHECK", "1")
+    SGLANG_RELEASE.check(found)
+
+
+@pytest.mark.parametrize("found", ["0.5.17", "0.5.19", "0.5.23", "0.5.23.post1"])
+def test_releases_in_the_range_are_accepted(found, monkeypatch):
+    from atom_sglang.version import SGLANG_RELEASE
+
+    monkeypatch.delenv("ATOM_SKIP_SGLANG_VERSION_CHECK", raising=False)
+    SGLANG_RELEASE.check(found)
     monkeypatch.setenv("ATOM_SKIP_SGLANG_VERSION_CHECK", "1")
     SGLANG_RELEASE.check(found)

@@ -21,14 +21,17 @@ class TPGroup:
     all_gather: Callable[[torch.Tensor, int], torch.Tensor]  # (tensor, dim) -> gathered
 
     @classmethod
-    def from_host(cls, distributed: ModuleType) -> "TPGroup":
-        """The TP group of a host's ``distributed`` module (``vllm.distributed``,
-        ``sglang.srt.distributed``: both expose the same tensor-model-parallel functions)."""
+    def from_host(cls, groups: ModuleType, ops: ModuleType | None = None) -> "TPGroup":
+        """The TP group of a host: the rank and world size from ``groups``, the collectives from
+        ``ops`` (default: ``groups``). vLLM's ``vllm.distributed`` exposes all four functions;
+        SGLang defines them in ``sglang.srt.distributed.parallel_state`` and ``.communication_op``
+        (its package re-exports the rank functions only up to 0.5.20)."""
+        ops = ops or groups
         return cls(
-            rank=distributed.get_tensor_model_parallel_rank(),
-            world_size=distributed.get_tensor_model_parallel_world_size(),
-            all_reduce=distributed.tensor_model_parallel_all_reduce,
-            all_gather=lambda x, dim: distributed.tensor_model_parallel_all_gather(x, dim),
+            rank=groups.get_tensor_model_parallel_rank(),
+            world_size=groups.get_tensor_model_parallel_world_size(),
+            all_reduce=ops.tensor_model_parallel_all_reduce,
+            all_gather=lambda x, dim: ops.tensor_model_parallel_all_gather(x, dim),
         )
 
 

@@ -21,6 +21,7 @@ from atom_core.distributed import TPGroup, set_tp_group
 from atom_core.layers.attention import AttentionSpec, set_attention_factory
 from atom_core.layers.mla import LatentAttentionSpec, absorb_q, set_latent_attention_factory, up_project_v
 from atom_sglang.attention.window import to_sglang_window
+from atom_sglang.resolved_args import attention_backends, server_args_in_effect
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -94,10 +95,9 @@ def backend_takes_rope_apart(forward_batch: ForwardBatch) -> bool:
     server's setting."""
     from sglang.srt.model_executor.forward_context import get_attn_backend
     from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
-    from sglang.srt.runtime_context import get_server_args
 
     backend = get_attn_backend()
-    prefill, decode = get_server_args().get_attention_backends()
+    prefill, decode = attention_backends(server_args_in_effect())
     if forward_batch.forward_mode.is_decode_or_idle():
         name = getattr(backend, "decode_attention_backend_str", None) or decode
     else:
@@ -144,8 +144,8 @@ class RadixLatentAttentionImpl(nn.Module):
 
 
 def install_sglang_hooks() -> None:
-    import sglang.srt.distributed
+    from sglang.srt.distributed import communication_op, parallel_state
 
-    set_tp_group(TPGroup.from_host(sglang.srt.distributed))
+    set_tp_group(TPGroup.from_host(parallel_state, communication_op))
     set_attention_factory(RadixAttentionImpl)
     set_latent_attention_factory(RadixLatentAttentionImpl)

@@ -24,6 +24,7 @@ from atom_core.hosting.warmup import log_warm_up, warm_up_fused_moe_layers
 from atom_sglang.config_translation import atom_config_from_sglang, takeover_decision
 from atom_sglang.host_hooks import bind_forward_batch, install_sglang_hooks
 from atom_sglang.prefill_graph import keep_prefill_eager
+from atom_sglang.resolved_args import model_config_of, server_args_in_effect
 
 
 def host_model_class(architecture: str) -> type[nn.Module]:
@@ -40,25 +41,22 @@ def host_model_class(architecture: str) -> type[nn.Module]:
 
 class ATOMForCausalLM(nn.Module):
     def __new__(cls, config, quant_config=None, prefix: str = ""):
-        from sglang.srt.server_args import get_global_server_args
-
-        server_args = get_global_server_args()
+        server_args = server_args_in_effect()
         return new_wrapper_or_host_model(
             cls,
-            takeover_decision(server_args, server_args.get_model_config()),
+            takeover_decision(server_args, model_config_of(server_args)),
             lambda: host_model_class(cls.__name__)(config=config, quant_config=quant_config, prefix=prefix),
         )
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
         from sglang.srt.layers.logits_processor import LogitsProcessor
-        from sglang.srt.server_args import get_global_server_args
 
         self.config = config  # SGLang's model convention (its loader and LoRA read model.config)
         install_sglang_hooks()
-        server_args = get_global_server_args()
+        server_args = server_args_in_effect()
         keep_prefill_eager(server_args)
-        atom_config = atom_config_from_sglang(server_args.get_model_config(), config)
+        atom_config = atom_config_from_sglang(model_config_of(server_args), config)
         self.model = build_atom_model(atom_config, type(self).__name__, "SGLang", prefix)
         self.logits_processor = LogitsProcessor(config)
 

@@ -1,15 +1,20 @@
 """Every SGLang internal that atom-sglang hooks, registered through SGLang's ``HookRegistry``.
 
-SGLang 0.5.17 (the only release the plugin activates on, see :mod:`atom_sglang.version`). Each entry
-says why the hook exists and what SGLang change would let us delete it.
+SGLang 0.5.17 to 0.5.23 (the range of :mod:`atom_sglang.version`); :func:`hooks` names each
+target as the installed release defines it. Each entry says why the hook exists and what SGLang
+change would let us delete it.
 
-1. ``ServerArgs._get_default_attn_backend`` (AROUND). Why: SGLang picks the default attention
-   backend from a fixed per-platform table; an out-of-tree backend is reachable only through
-   ``--attention-backend``. ATOM models should run on ATOM's attention without a flag, as they do
-   in atom-vllm. Remove when SGLang lets a general plugin supply a default backend per model (today
-   only an out-of-tree *platform* can, via ``get_default_attention_backend``).
-2. ``ServerArgs._handle_cpu_backends`` (AROUND). Why: on ``--device cpu`` SGLang fills
-   ``intel_amx`` before the default table of (1) is consulted, so (1) never runs there. Remove with (1).
+1. The default attention backend: ``ServerArgs._get_default_attn_backend`` (0.5.17, 0.5.18),
+   ``arg_groups.model_override_base.get_default_attn_backend`` (0.5.19 on) (AROUND). Why: SGLang
+   picks the default attention backend from a fixed per-platform table; an out-of-tree backend is
+   reachable only through ``--attention-backend``. ATOM models should run on ATOM's attention
+   without a flag, as they do in atom-vllm. Remove when SGLang lets a general plugin supply a
+   default backend per model (today only an out-of-tree *platform* can, via
+   ``get_default_attention_backend``).
+2. The CPU defaults: ``ServerArgs._handle_cpu_backends`` (0.5.17, 0.5.18),
+   ``arg_groups.platform_hook.handle_cpu_backends`` (0.5.19 on) (AROUND). Why: on ``--device cpu``
+   SGLang fills ``intel_amx`` before the default table of (1) is consulted, so (1) never runs
+   there. Remove with (1).
 3. ``sglang.srt.utils.common.support_triton`` (AROUND). Why: SGLang decides whether its own Triton
    helper kernels (positions, req_to_token writes) may run from the attention backend's *name*,
    with a hard-coded list of CPU backends; ``atom`` runs wherever Triton does and on the CPU engine.
@@ -25,8 +30,10 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES
 from atom_sglang import envs
 from atom_sglang.attention import BACKEND_NAME
+from atom_sglang.version import cpu_fp8_kv_cache_needs_intel_amx, resolves_server_args_in_steps
 
 
 def atom_serves_attention(server_args: Any, model_config: Any, use_mla_backend: bool) -> bool:
@@ -55,14 +62,33 @@ def default_attention_backend(original, server_args, use_mla_backend: bool, mode
     return original(server_args, use_mla_backend, model_config)
 
 
-def cpu_default_attention_backend(original, server_args) -> None:
-    if (
-        server_args.device == "cpu"
-        and server_args.attention_backend is None
-        and atom_serves_attention(server_args, server_args.get_model_config(),
-                                  server_args.use_mla_backend())
-    ):
+def atom_default_on_cpu(view: Any, model_config: Any, use_mla_backend: bool) -> bool:
+    """Whether ATOM's backend should be the default of a ``--device cpu`` server (``view``: the
+    server arguments as resolved so far) that names no attention backend. Not with an FP8 KV cache
+    where SGLang serves that on CPU with its own backend only."""
+    return (
+        view.device == "cpu"
+        and view.attention_backend is None
+        and not (view.kv_cache_dtype in FP8_KV_CACHE_DTYPES and cpu_fp8_kv_cache_needs_intel_amx())
+        and atom_serves_attention(view, model_config, use_mla_backend)
+    )
+
+
+def assign_cpu_default_attention_backend(original, server_args) -> None:
+    """SGLang 0.5.17 and 0.5.18: ``ServerArgs._handle_cpu_backends`` assigns the field."""
+    if atom_default_on_cpu(server_args, server_args.get_model_config(), server_args.use_mla_backend()):
         server_args.attention_backend = BACKEND_NAME
+    original(server_args)
+
+
+def declare_cpu_default_attention_backend(original, server_args) -> None:
+    """SGLang 0.5.19 and later: the ``handle_cpu_backends`` step declares its decision."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view, use_mla_backend
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    if atom_default_on_cpu(resolving_view(server_args), model_config_of(server_args),
+                           use_mla_backend(server_args)):
+        declare_resolution(server_args, "atom_sglang", attention_backend=BACKEND_NAME)
     original(server_args)
 
 
@@ -74,13 +100,22 @@ def support_triton(original, backend: str) -> bool:
     return original(backend)
 
 
-HOOKS = [
-    ("sglang.srt.server_args.ServerArgs._get_default_attn_backend", default_attention_backend),
-    ("sglang.srt.server_args.ServerArgs._handle_cpu_backends", cpu_default_attention_backend),
-    ("sglang.srt.utils.common.support_triton", support_triton),
-]
+def hooks() -> list[tuple[str, Any]]:
+    """(target, AROUND hook) of each hook above, where the installed SGLang defines the target."""
+    triton = ("sglang.srt.utils.common.support_triton", support_triton)
+    if resolves_server_args_in_steps():  # SGLang 0.5.19 to 0.5.23
+        return [
+            ("sglang.srt.arg_groups.model_override_base.get_default_attn_backend", default_attention_backend),
+            ("sglang.srt.arg_groups.platform_hook.handle_cpu_backends", declare_cpu_default_attention_backend),
+            triton,
+        ]
+    return [  # SGLang 0.5.17 and 0.5.18
+        ("sglang.srt.server_args.ServerArgs._get_default_attn_backend", default_attention_backend),
+        ("sglang.srt.server_args.ServerArgs._handle_cpu_backends", assign_cpu_default_attention_backend),
+        triton,
+    ]
 
 
 def register_hooks() -> None:
-    for target, hook in HOOKS:
+    for target, hook in hooks():
         HookRegistry.register(target, hook, HookType.AROUND)
