@@ -21,14 +21,13 @@ def keep_prefill_eager(server_args) -> None:
     from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang.srt.runtime_context import get_exec
 
+    configs = [server_args.cuda_graph_config]
     try:
         published = get_exec().graph.cuda_graph_config
     except ValueError:  # not published in this process
         published = None
-    configs = [server_args.cuda_graph_config]
     if published is not None and published is not configs[0]:
         configs.append(published)
-    configs = [config for config in configs if config is not None]
     if all(config.prefill.backend == Backend.DISABLED for config in configs):
         return
     for config in configs:

@@ -21,12 +21,12 @@ def server_args_in_effect() -> Any:
 
 
 def in_effect(server_args: Any) -> Any:
-    """``server_args`` (a record, or a view SGLang handed a hook) with the values in effect."""
+    """The ``ServerArgs`` record ``server_args`` with the values in effect."""
     if not resolves_server_args_in_steps():  # SGLang 0.5.17, 0.5.18: the record is resolved
         return server_args
-    from sglang.srt.arg_groups.model_override_base import ResolvingConfig, resolving_view
+    from sglang.srt.arg_groups.model_override_base import resolving_view
 
-    return server_args if isinstance(server_args, ResolvingConfig) else resolving_view(server_args)
+    return resolving_view(server_args)
 
 
 def model_config_of(server_args: Any) -> Any:
