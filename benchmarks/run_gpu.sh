@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving hybrid-offline
+# fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline
 # hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # LLM.apply_model reports which classes served
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
@@ -105,6 +105,25 @@ for step in $steps; do
                               rm -rf "$tmp" ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
+    # MLA serving latency (issue 19), on one random V2-Lite checkpoint: greedy tokens of prompts served
+    # fresh, then again from the prefix cache (the short-extend path), native and ATOM; the serving
+    # sweep with the engines' per-request TTFT parts; a 1008-token prefix shared by each burst's requests
+    # (prefix-cache hits) at 1 and 16; one request at a time under the worker's profiler.
+    serving-ttft) tmp=$(mktemp -d)
+                  python3 "$here/e2e/random_checkpoint.py" --config "$here/models/deepseek-v2-lite.json" --out "$tmp/ckpt"
+                  for mode in native atom; do
+                    [ $mode = native ] && flag=1 || flag=
+                    ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$tmp/ckpt" \
+                      --correctness '' --throughput '' --prefix-hits 16,1024,32 --out "$out/prefix-hits-$mode.json" \
+                      > "$out/prefix-hits-$mode.log" 2>&1
+                  done
+                  v2_lite() { python3 "$here/e2e/bench_serving.py" --model deepseek-v2-lite --checkpoint "$tmp/ckpt" "$@"; }
+                  v2_lite --out "$out/ttft-sweep/serving-deepseek-v2-lite.json" --concurrencies 1,16,64
+                  v2_lite --out "$out/ttft-shared-prefix/serving-deepseek-v2-lite.json" --concurrencies 1,16 \
+                    --prefix-len 1008 --input-len 16
+                  v2_lite --out "$out/ttft-profiled/serving-deepseek-v2-lite.json" --concurrencies 1 --output-len 16 \
+                    --profile
+                  rm -rf "$tmp" ;;
     # ATOM serves hybrid linear-attention models on GPUs only when asked (atom_core.envs.serve_hybrid_on_gpu).
     # vLLM 0.26 alone picks FlashInfer's SM90 Gated DeltaNet prefill, whose CuTe-DSL kernel is missing
     # from some installs ("SM90 GDN prefill DSL kernel is unavailable"): both engines get vLLM's Triton

@@ -3,26 +3,33 @@ against each (vLLM: `vllm serve` + `vllm bench serve`; SGLang: `python -m sglang
 `python -m sglang.bench_serving`).
 
     python benchmarks/e2e/bench_serving.py --out serving.json [--engine vllm|sglang] [--model qwen3-8b]
-        [--concurrencies 1,8,32,128] [--random-weights] [--input-len 1024] [--output-len 128]
-        [--server-arg=--flag ...]
+        [--concurrencies 1,8,32,128] [--random-weights | --checkpoint DIR] [--input-len 1024]
+        [--output-len 128] [--prefix-len 0] [--server-arg=--flag ...] [--profile]
 
 Same GPU, same run: the native server (ATOM_DISABLE_VLLM_PLUGIN=1 / ATOM_DISABLE_SGLANG_PLUGIN=1) and
 then the ATOM server, each on dummy weights of benchmarks/models/MODEL.json (or a config.json path)
 with the engine's defaults (vLLM: torch.compile + CUDA graphs; SGLang: CUDA graphs, radix cache,
 chunked prefill); ``--random-weights`` writes a random N(0, 0.02) checkpoint of the shape first
-(random_checkpoint.py: dummy weights collapse MoE routing) and serves that.
+(random_checkpoint.py: dummy weights collapse MoE routing) and serves that; ``--checkpoint DIR`` serves
+one random_checkpoint.py wrote before (several runs on one checkpoint).
 For each concurrency the benchmark sends 4 x concurrency random requests (at least 16; 1024 input /
 128 output tokens, EOS ignored). Before them, an untimed warm-up burst at the highest concurrency
 (WARM_UP_OUTPUT_LEN output tokens a request) runs every batch size up to it once, so kernels an
 engine compiles on first use (vLLM's MXFP4 MoE routing does) are compiled before the timed runs.
+Each burst draws its prompts with its own seed (the warm-up 0, a timed run its concurrency): both
+benchmarks draw prompts in sequence from the seed, so with one seed a timed run's prompts would repeat
+the warm-up's and be served from the prefix cache (runs before this was fixed measured such hits:
+``docs/performance.md``).
 A word-level tokenizer (token i <-> the word "t<i>") makes the random
 prompts exactly as long as asked. Writes one JSON (device, versions, both runs, ratio = ATOM / native
 per metric, in vLLM's metric names) and a markdown table next to it; plot_serving.py draws the PNG.
 """
 
 import argparse
+import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +56,15 @@ VLLM_BENCH_SERVE = [sys.executable, "-c", "import sys; from vllm.benchmarks.serv
 # sglang.bench_serving's result keys that differ from vLLM's names in METRICS.
 SGLANG_METRIC_NAMES = {"total_throughput": "total_token_throughput", "mean_e2e_latency_ms": "mean_e2el_ms",
                        "median_e2e_latency_ms": "median_e2el_ms", "p99_e2e_latency_ms": "p99_e2el_ms"}
+# Where a request's time to first token goes, from vLLM's own per-request histograms (/metrics):
+# arrival at the API server -> first token there; waiting in the engine core's queue; scheduled ->
+# first token in the engine core. The client's TTFT less the first is HTTP and streaming.
+VLLM_TTFT_PARTS = {"engine_ttft_ms": "vllm:time_to_first_token_seconds",
+                   "engine_queue_ms": "vllm:request_queue_time_seconds",
+                   "engine_prefill_ms": "vllm:request_prefill_time_seconds"}
+# Prompt tokens the prefix cache served, against those looked up (vLLM's counters).
+VLLM_PREFIX_CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+SAMPLE_LINE = re.compile(r"^([\w:]+)(?:\{[^}]*\})? (\S+)$")
 
 
 WARM_UP_OUTPUT_LEN = 16
@@ -58,26 +74,31 @@ WARM_UP_OUTPUT_LEN = 16
 class Workload:
     input_len: int
     output_len: int
+    # vLLM: a prompt prefix shared by every request of a burst (a system prompt), before input_len
+    # tokens of its own: after the burst's first request, prefix-cache hits.
+    prefix_len: int = 0
 
     def num_prompts(self, concurrency: int) -> int:
         return max(4 * concurrency, 16)
 
 
 def vllm_commands(model_dir: str, port: int, dummy: bool, workload: Workload, concurrency: int,
-                  result_path: str) -> tuple[list[str], list[str]]:
+                  result_path: str, seed: int = 0) -> tuple[list[str], list[str]]:
     server = [*VLLM_SERVE, "--model", model_dir, *(["--load-format", "dummy"] if dummy else []), "--host",
               "127.0.0.1", "--port", str(port), "--max-model-len", "4096"]
     bench = [*VLLM_BENCH_SERVE, "--backend", "vllm", "--model", model_dir, "--host", "127.0.0.1", "--port",
              str(port), "--dataset-name", "random", "--random-input-len", str(workload.input_len),
+             "--random-prefix-len", str(workload.prefix_len),
              "--random-output-len", str(workload.output_len), "--num-prompts", str(workload.num_prompts(concurrency)),
-             "--max-concurrency", str(concurrency), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+             "--max-concurrency", str(concurrency), "--seed", str(seed), "--ignore-eos",
+             "--percentile-metrics", "ttft,tpot,itl,e2el",
              "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result_path),
              "--result-filename", os.path.basename(result_path)]
     return server, bench
 
 
 def sglang_commands(model_dir: str, port: int, dummy: bool, workload: Workload, concurrency: int,
-                    result_path: str) -> tuple[list[str], list[str]]:
+                    result_path: str, seed: int = 0) -> tuple[list[str], list[str]]:
     """SGLang's ``random-ids`` dataset draws token ids (``random`` would download ShareGPT's texts);
     a range ratio of 1 makes every request exactly as long as asked; it ignores EOS by default."""
     server = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir,
@@ -86,7 +107,7 @@ def sglang_commands(model_dir: str, port: int, dummy: bool, workload: Workload, 
              "--port", str(port), "--tokenizer", model_dir, "--dataset-name", "random-ids",
              "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
              "--random-range-ratio", "1", "--num-prompts", str(workload.num_prompts(concurrency)),
-             "--max-concurrency", str(concurrency), "--output-file", result_path]
+             "--max-concurrency", str(concurrency), "--seed", str(seed), "--output-file", result_path]
     return server, bench
 
 
@@ -111,12 +132,15 @@ class ServingEngine:
     commands: Callable[..., tuple[list[str], list[str]]]
     read_result: Callable[[str], dict]
     result_suffix: str
+    ttft_parts: dict[str, str]
+    prefix_cache_counters: tuple[str, str] | None
 
 
 ENGINES = {
-    "vllm": ServingEngine("vLLM", "vllm", "ATOM_DISABLE_VLLM_PLUGIN", vllm_commands, read_vllm_result, ".json"),
+    "vllm": ServingEngine("vLLM", "vllm", "ATOM_DISABLE_VLLM_PLUGIN", vllm_commands, read_vllm_result, ".json",
+                          VLLM_TTFT_PARTS, VLLM_PREFIX_CACHE),
     "sglang": ServingEngine("SGLang", "sglang", "ATOM_DISABLE_SGLANG_PLUGIN", sglang_commands, read_sglang_result,
-                            ".jsonl"),
+                            ".jsonl", {}, None),
 }
 
 
@@ -149,10 +173,66 @@ def wait_healthy(port: int, server: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
+def metric_totals(port: int) -> dict[str, float]:
+    """Every sample on the server's /metrics page, summed over its label sets."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        match = SAMPLE_LINE.match(line)
+        if match:
+            totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
+    return totals
+
+
+def engine_metrics_between(engine: ServingEngine, before: dict, after: dict) -> dict[str, float]:
+    """Over the requests between two readings: the mean (ms) of each TTFT part's histogram, and the
+    share of prompt tokens the prefix cache served."""
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    result = {}
+    for label, name in engine.ttft_parts.items():
+        if delta.get(f"{name}_count"):
+            result[label] = 1e3 * delta[f"{name}_sum"] / delta[f"{name}_count"]
+    if engine.prefix_cache_counters:
+        hits, queries = (delta.get(name, 0.0) for name in engine.prefix_cache_counters)
+        if queries:
+            result["prefix_cache_hit_rate"] = hits / queries
+    return result
+
+
+def profiler_server_args(trace_dir: str) -> list[str]:
+    """vLLM's torch profiler in the worker (CPU, GPU and Python frames), started and stopped by
+    ``vllm bench serve --profile``; the front end is left out."""
+    config = {"profiler": "torch", "torch_profiler_dir": trace_dir, "torch_profiler_with_stack": True,
+              "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True}
+    return ["--profiler-config", json.dumps(config)]
+
+
+def summarise_new_trace(trace_dir: str, seen: set[str], timeout_s: float = 300) -> dict:
+    """serve_trace_summary of the trace the worker writes after /stop_profile (it may take a while)."""
+    from serve_trace_summary import load, summarise
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        new = sorted(set(glob.glob(os.path.join(trace_dir, "*.pt.trace.json*"))) - seen)
+        if new:
+            time.sleep(5)  # the handler may still be writing
+            seen.update(new)
+            return {"trace": os.path.basename(new[-1]), **summarise(load(new[-1]))}
+        time.sleep(2)
+    return {"error": f"no new trace in {timeout_s:.0f} s"}
+
+
 def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurrencies: list[int], workdir: str,
-                    port: int, save, dummy: bool, workload: Workload, server_args: list[str]) -> dict:
-    """One server, every concurrency; ``save()`` after each, so a cut-off run keeps what it measured."""
+                    port: int, save, dummy: bool, workload: Workload, server_args: list[str],
+                    profile: bool = False) -> dict:
+    """One server, every concurrency; ``save()`` after each, so a cut-off run keeps what it measured.
+    ``profile``: each concurrency's requests run under vLLM's profiler, summarised per step."""
     mode = "atom" if atom else "native"
+    trace_dir = os.path.join(workdir, f"traces-{mode}")
+    if profile:
+        server_args = [*server_args, *profiler_server_args(trace_dir)]
+    traces_seen: set[str] = set()
     env = {**os.environ}
     if atom:
         env.pop(engine.disable_switch, None)
@@ -173,9 +253,10 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
             return run
         run["server_start_s"] = time.perf_counter() - started
         run["atom_log_lines"] = [line.strip() for line in atom_log_lines(open(log_path).readlines(), 20)]
-        warm_up = Workload(workload.input_len, WARM_UP_OUTPUT_LEN)
+        warm_up = Workload(workload.input_len, WARM_UP_OUTPUT_LEN, workload.prefix_len)
         warm_up_path = os.path.join(workdir, f"warm-up-{mode}{engine.result_suffix}")
-        _, warm_up_command = engine.commands(model_dir, port, dummy, warm_up, max(concurrencies), warm_up_path)
+        _, warm_up_command = engine.commands(model_dir, port, dummy, warm_up, max(concurrencies), warm_up_path,
+                                             seed=0)
         began = time.perf_counter()
         proc = subprocess.run(warm_up_command, env=env, capture_output=True, text=True)
         run["warm_up_s"] = time.perf_counter() - began
@@ -184,13 +265,19 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
         run["results"] = {}
         for c in concurrencies:
             result_path = os.path.join(workdir, f"bench-{mode}-c{c}{engine.result_suffix}")
-            _, bench_command = engine.commands(model_dir, port, dummy, workload, c, result_path)
-            proc = subprocess.run(bench_command, env=env, capture_output=True, text=True)
+            _, bench_command = engine.commands(model_dir, port, dummy, workload, c, result_path, seed=c)
+            before = metric_totals(port) if engine.ttft_parts else {}
+            proc = subprocess.run([*bench_command, *(["--profile"] if profile else [])], env=env,
+                                  capture_output=True, text=True)
             if proc.returncode != 0 or not os.path.exists(result_path):
                 run["results"][str(c)] = {"error": proc.stdout[-1500:] + proc.stderr[-1500:]}
                 continue
             raw = engine.read_result(result_path)
             run["results"][str(c)] = {k: raw[k] for k in METRICS + ["completed"] if k in raw}
+            if engine.ttft_parts:
+                run["results"][str(c)].update(engine_metrics_between(engine, before, metric_totals(port)))
+            if profile:
+                run["results"][str(c)]["engine_profile"] = summarise_new_trace(trace_dir, traces_seen)
             print(mode, f"c={c}", {k: round(raw[k], 2) for k in ("output_throughput", "mean_ttft_ms",
                                                                     "mean_tpot_ms") if k in raw}, flush=True)
             save(mode, run)
@@ -201,6 +288,9 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
         except subprocess.TimeoutExpired:
             server.kill()
     return run
+
+
+DIGITS = {"prefix_cache_hit_rate": 2}  # in the TTFT table; times get 1
 
 
 def markdown(report: dict) -> str:
@@ -223,6 +313,18 @@ def markdown(report: dict) -> str:
             f"{ratio:.2f}" if ratio else "–", cell(n, "mean_ttft_ms", 1), cell(a, "mean_ttft_ms", 1),
             cell(n, "mean_tpot_ms", 2), cell(a, "mean_tpot_ms", 2), cell(n, "p99_itl_ms", 2),
             cell(a, "p99_itl_ms", 2)]) + " |")
+    parts = [label for label in ("engine_ttft_ms", "engine_queue_ms", "engine_prefill_ms", "prefix_cache_hit_rate")
+             if any(label in run.get(str(c), {}) for run in (native, atom) for c in report["concurrencies"])]
+    if parts:
+        lines += ["", "Where the mean TTFT goes (ms, native / ATOM): the client's; the engine's own histograms: "
+                  "arrival -> first token at the API server, queued in the engine core, scheduled -> first token; "
+                  "the share of prompt tokens served from the prefix cache.",
+                  "", "| concurrency | client TTFT | " + " | ".join(parts) + " |", "|---" * (len(parts) + 2) + "|"]
+        for c in report["concurrencies"]:
+            n, a = native.get(str(c), {}), atom.get(str(c), {})
+            both = [f"{cell(n, key, DIGITS.get(key, 1))} / {cell(a, key, DIGITS.get(key, 1))}"
+                    for key in ("mean_ttft_ms", *parts)]
+            lines.append(f"| {c} | " + " | ".join(both) + " |")
     return "\n".join(lines) + "\n"
 
 def main() -> None:
@@ -231,24 +333,37 @@ def main() -> None:
     parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
     parser.add_argument("--model", default="qwen3-8b", help="NAME (models/NAME.json) or the path of a config.json")
     parser.add_argument("--concurrencies", default="1,8,32,128")
-    parser.add_argument("--random-weights", action="store_true", help="serve a random checkpoint, not dummy weights")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--random-weights", action="store_true", help="serve a random checkpoint, not dummy weights")
+    weights.add_argument("--checkpoint", help="serve this random_checkpoint.py output (of the --model shape)")
     parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--prefix-len", type=int, default=0,
+                        help="vLLM: tokens of a prompt prefix that all requests of a burst share, before --input-len")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--server-arg", action="append", default=[],
                         help="a further server flag for both servers (repeatable; --server-arg=--flag)")
+    parser.add_argument("--profile", action="store_true",
+                        help="vLLM: run the timed requests under the worker's torch profiler and summarise each "
+                             "trace per step (serve_trace_summary.py); the profiler slows the host")
     args = parser.parse_args()
     import importlib
 
     import torch
 
     engine = ENGINES[args.engine]
+    if (args.profile or args.prefix_len) and args.engine != "vllm":
+        parser.error("--profile and --prefix-len need --engine vllm")
     concurrencies = [int(c) for c in args.concurrencies.split(",")]
-    workload = Workload(args.input_len, args.output_len)
+    workload = Workload(args.input_len, args.output_len, args.prefix_len)
     workdir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(workdir, exist_ok=True)
     config_path = args.model if args.model.endswith(".json") else os.path.join(MODELS, f"{args.model}.json")
     name = os.path.splitext(os.path.basename(config_path))[0]
     # A random checkpoint (tens of GB) goes to a scratch folder, deleted after, not beside the results.
-    model_dir = os.path.join(tempfile.mkdtemp() if args.random_weights else workdir, f"model-{name}")
+    if args.checkpoint:
+        config_path, model_dir = os.path.join(args.checkpoint, "config.json"), args.checkpoint
+    else:
+        model_dir = os.path.join(tempfile.mkdtemp() if args.random_weights else workdir, f"model-{name}")
     write_model_dir(config_path, model_dir)
     if args.random_weights:
         subprocess.run([sys.executable, os.path.join(HERE, "random_checkpoint.py"), "--config", config_path,
@@ -256,20 +371,24 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = {"device": device, "engine": args.engine, args.engine: importlib.import_module(engine.package).__version__,
               "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": name,
-              "weights": "random N(0, 0.02) checkpoint" if args.random_weights else "dummy",
-              "workload": (f"random {workload.input_len} in / {workload.output_len} out, EOS ignored, "
+              "weights": "random N(0, 0.02) checkpoint" if args.random_weights or args.checkpoint else "dummy",
+              "workload": (("" if not workload.prefix_len else f"a {workload.prefix_len}-token prefix shared by "
+                            "each burst's requests, then ") +
+                           f"random {workload.input_len} in / {workload.output_len} out, EOS ignored, "
                            "4 x concurrency requests (at least 16), after an untimed warm-up burst at the "
-                           f"highest concurrency ({WARM_UP_OUTPUT_LEN} output tokens a request)"),
-              "concurrencies": concurrencies}
+                           f"highest concurrency ({WARM_UP_OUTPUT_LEN} output tokens a request); prompt seed 0 "
+                           "for the warm-up, the concurrency for a timed run"),
+              "concurrencies": concurrencies, "profiled": args.profile}
     report["native"], report["atom"] = {}, {}
 
     def save(mode: str, run: dict) -> None:
         report[mode] = run
         write_report(report, args.out)
 
-    dummy = not args.random_weights
+    dummy = not (args.random_weights or args.checkpoint)
     for atom, port in ((False, 8011), (True, 8012)):
-        serve_and_bench(engine, model_dir, atom, concurrencies, workdir, port, save, dummy, workload, args.server_arg)
+        serve_and_bench(engine, model_dir, atom, concurrencies, workdir, port, save, dummy, workload, args.server_arg,
+                        args.profile)
     if args.random_weights:
         shutil.rmtree(model_dir)
     print(markdown(report), flush=True)

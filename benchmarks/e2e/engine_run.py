@@ -2,8 +2,8 @@
 
 Run in a fresh process per configuration (vLLM reads plugins and ATOM_* switches once per process):
     python engine_run.py (--config CONFIG.json | --checkpoint DIR) --out RESULT.json [--eager]
-        [--correctness N,L] [--throughput N,IN,OUT] [--decode-step B,S] [--kv-cache-dtype auto|fp8|...]
-        [--dtype float32]
+        [--correctness N,L] [--throughput N,IN,OUT] [--decode-step B,S] [--prefix-hits N,IN,OUT]
+        [--kv-cache-dtype auto|fp8|...] [--dtype float32]
 Prompts are random token ids with a fixed seed, so native and ATOM runs see the same inputs (the
 workload, its arguments and the result's keys are offline_workload.py's, shared with sglang_run.py); dummy
 weights depend only on each parameter's shape (vLLM's dummy loader), so both see the same weights.
@@ -50,10 +50,27 @@ def decode_step_time(llm, batch: int, steps: int, vocab: int) -> dict:
             "ms_per_decode_step": 1e3 * (full - prefill) / steps}
 
 
+def prefix_hit_check(llm, count: int, length: int, new_tokens: int, vocab: int) -> dict:
+    """Greedy tokens of the same prompts twice: fresh, then served from the prefix cache but for their
+    last block (vLLM recomputes at least one token), so the second pass runs the short-extend path
+    (ATOM's MLA on FA3: the absorbed form) where the first ran a whole prefill."""
+    from vllm import SamplingParams
+
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(count, length, vocab, seed=40)]
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True, detokenize=False)
+    passes = [llm.generate(prompts, params, use_tqdm=False) for _ in range(2)]
+    fresh, cached = ([list(o.outputs[0].token_ids) for o in outputs] for outputs in passes)
+    return {"prompts": count, "prompt_len": length, "new_tokens": new_tokens, "fresh": fresh, "cached": cached,
+            "identical": sum(a == b for a, b in zip(fresh, cached)),
+            "mean_cached_prompt_tokens": [sum(o.num_cached_tokens or 0 for o in outputs) / count
+                                          for outputs in passes]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_workload_arguments(parser)
     parser.add_argument("--decode-step", default="", help="batch,steps: time of one decode step")
+    parser.add_argument("--prefix-hits", default="", help="prompts,in,out: prefix_hit_check ('' to skip)")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -89,6 +106,8 @@ def main() -> None:
         result["throughput"] = measure_throughput(generate, args.throughput, vocab)
     if args.decode_step:
         result["decode_step"] = decode_step_time(llm, *map(int, args.decode_step.split(",")), vocab)
+    if args.prefix_hits:
+        result["prefix_hits"] = prefix_hit_check(llm, *map(int, args.prefix_hits.split(",")), vocab)
     write_result(result, args.out)
 
 
