@@ -51,6 +51,27 @@ def test_mixed_batch_splits_decodes_from_prefills_and_lists_their_contexts():
     assert m.context_positions.tolist() == list(range(10)) + list(range(4))
 
 
+def test_short_extends_run_as_decodes_under_a_higher_threshold():
+    # Where FA3 serves, the builder takes extends of up to SHORT_EXTEND_TOKENS as decodes (a prompt's
+    # tail after a prefix-cache hit); longer ones stay prefills.
+    b = builder()
+    b.reorder_batch_threshold = 16
+    m = b.build(0, common_metadata([1, 16, 600], [9, 1024, 600]))
+    assert (m.num_decodes, m.num_decode_tokens, m.decode_max_query_len, m.num_prefills) == (2, 17, 16, 1)
+    assert m.decode_query_start_loc.tolist() == [0, 1, 17]
+    assert m.prefill_query_start_loc.tolist() == [0, 600]
+    single = b.build(0, common_metadata([1, 1], [5, 3]))
+    assert (single.num_decodes, single.decode_max_query_len) == (2, 1)
+
+
+def test_prefill_context_rows_are_worked_out_once_a_step():
+    m = builder().build(0, common_metadata([1, 3, 4], [9, 10, 4]))  # block table rows [4i .. 4i+3]
+    blocks, rows = m.context_rows(4)
+    assert blocks.tolist() == [4] * 4 + [5] * 4 + [6] * 2 + [8] * 4
+    assert rows.tolist() == [0, 1, 2, 3] * 2 + [0, 1] + [0, 1, 2, 3]
+    assert m.context_rows(4)[0] is blocks
+
+
 def test_decode_only_batch_has_no_prefill_metadata():
     m = builder().build(0, common_metadata([1, 1, 1], [5, 17, 2]))
     assert (m.num_decodes, m.num_prefills) == (3, 0)

@@ -1,13 +1,15 @@
 """On Hopper, vLLM's FlashAttention-3 as ATOM's MLA attention core (atom_vllm.attention.mla_fa3)
 computes what ATOM's own kernels compute: the expanded prefill (fresh prompts and prompts over a
-cached context) and the absorbed decode over a paged latent cache. Skipped without such a GPU."""
+cached context) and the absorbed decode over a paged latent cache, also for short extends (several
+new tokens a sequence), which the backend runs as decodes. Skipped without such a GPU."""
 
 import pytest
 import torch
+from vllm.config import VllmConfig
 
 import atom_kernels
 from atom_core.layers.linear import ColumnParallelLinear
-from atom_core.layers.mla import LatentAttentionSpec, mla_prefill
+from atom_core.layers.mla import LatentAttentionSpec, absorb_q, mla_prefill, up_project_v
 from atom_vllm.attention import mla_fa3
 
 NOPE, ROPE, V, RANK, BLOCK = 128, 64, 128, 512, 16
@@ -61,3 +63,33 @@ def test_decode_matches_atom_kernels(heads):
     got = mla_fa3.decode(spec, q_latent, cache, query_start_loc, seq_lens, block_table, max_seq_len, None, 0)
     assert got.shape == want.shape
     assert relative_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["fa3-schedule", "decode-schedule"])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_short_extends_in_the_absorbed_form_match_the_expanded_form(heads, scheduled):
+    # A decode, a prompt's 16-token tail after a 1008-token prefix-cache hit, a 300-token extend over
+    # 211 cached tokens: absorbed over the paged cache against expanded over the gathered contexts.
+    spec = make_spec(heads)
+    query_lens, seq_lens = [1, 16, 300], [40, 1024, 511]
+    blocks_per_seq = -(-max(seq_lens) // BLOCK)
+    block_table = torch.randperm(len(seq_lens) * blocks_per_seq, device="cuda").view(len(seq_lens), -1)
+    block_table = block_table.to(torch.int32)
+    cache = torch.randn(block_table.numel(), BLOCK, RANK + ROPE, device="cuda", dtype=torch.bfloat16)
+    positions = [torch.arange(n, device="cuda") for n in seq_lens]
+    latent = torch.cat([cache[block_table[i, p // BLOCK], p % BLOCK] for i, p in enumerate(positions)])
+    cu_q = torch.tensor([0, 1, 17, 317], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 40, 1064, 1575], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(query_lens), heads, NOPE + ROPE, device="cuda", dtype=torch.bfloat16)
+    want = mla_prefill(spec, q, latent, cu_q, cu_k)
+
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    schedule, splits = None, 0
+    if scheduled:  # as the metadata builder computes it
+        schedule, splits = mla_fa3.DecodeSchedule(VllmConfig(), heads, ROPE, RANK, BLOCK, torch.bfloat16,
+                                                  torch.device("cuda")).build(
+            cu_q, seq_lens_t, max(seq_lens), sum(query_lens), max(query_lens))
+    q_latent = torch.cat([absorb_q(spec, q[..., :NOPE]), q[..., NOPE:]], dim=-1)
+    latent_out = mla_fa3.decode(spec, q_latent, cache, cu_q, seq_lens_t, block_table, max(seq_lens), schedule,
+                                splits, max(query_lens))
+    assert relative_error(up_project_v(spec, latent_out), want) < 1e-2

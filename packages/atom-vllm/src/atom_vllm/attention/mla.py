@@ -11,12 +11,19 @@ runs :class:`ATOMMLAImpl`. No vLLM code is patched; the internals this relies on
 
 Cache: ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)`` (as :mod:`.cache_layout` views
 vLLM's), entries ``[kv_c | rope(k_pe)]``.
-vLLM orders each batch [decodes | prefills] (reorder threshold 1). Per layer and step:
+vLLM orders each batch [decodes | prefills], a decode being a request of at most the builder's
+``reorder_batch_threshold`` new tokens. Per layer and step:
 
-- decodes (one new token): q_nope is absorbed through W_UK, one fused op rotates q_pe and k_pe and
-  writes the cache, the absorbed attention runs over the latent cache, W_UV lifts the result into
-  vLLM's output buffer. This path runs inside full CUDA graphs (``UNIFORM_SINGLE_TOKEN_DECODE``, on
+- decodes: q_nope is absorbed through W_UK, one fused op rotates q_pe and k_pe and writes the cache,
+  the absorbed attention runs over the latent cache, W_UV lifts the result into vLLM's output buffer.
+  Single-token decode batches run this inside full CUDA graphs (``UNIFORM_SINGLE_TOKEN_DECODE``, on
   GPU kernels): it reads only vLLM's persistent metadata tensors and never syncs with the host.
+  Where FlashAttention-3 runs it, a decode may also be a short extend (up to ``SHORT_EXTEND_TOKENS``
+  new tokens: a prompt's tail after a prefix-cache hit, a small chunk; FA3 aligns the causal mask to
+  each sequence's end), as vLLM's FlashAttention-MLA backend does: expanding a whole cached context
+  for a few new tokens cost ATOM more host and GPU time than vLLM (an H200 serving prefix-cache hits
+  of 1008 of 1024 tokens: 33 against 21 ms scheduled-to-first-token on DeepSeek-V2-Lite).
+  ATOM's Triton decode takes one token per sequence, so there the threshold stays 1.
 - prefills (fresh prompts, chunked-prefill chunks, prefix-cache hits alike): the same fused op with
   the raw q_nope, then each sequence's whole latent context is gathered from the cache (its new
   tokens included) and expanded to per-head K/V for ordinary causal attention.
@@ -67,6 +74,10 @@ from atom_core.layers.mla import (
 from atom_vllm.attention import ATOMBackendBase, cache_layout, decode_graph_support, mla_fa3
 from atom_vllm.attention.mla_fa3 import FA3, DecodeSchedule, mla_kernels
 
+# The longest extend that runs the absorbed (decode) form where FA3 serves: vLLM's FlashAttention-MLA
+# backend takes the same bound (its reorder_batch_threshold).
+SHORT_EXTEND_TOKENS = 512
+
 
 def _fp8_cache(cache_dtype: str) -> bool:
     return cache_dtype in FP8_KV_CACHE_DTYPES
@@ -105,11 +116,12 @@ class ATOMMLAMetadata:
     block_table: torch.Tensor
     max_query_len: int
     max_seq_len: int
-    # Decodes: the leading requests, one token each.
+    # Decodes: the leading requests, one token each (FA3: up to SHORT_EXTEND_TOKENS each).
     num_decodes: int
     num_decode_tokens: int
     decode_query_start_loc: torch.Tensor
     decode_seq_lens: torch.Tensor
+    decode_max_query_len: int
     # Prefills: the remaining requests. Their queries, numbered from the first prefill token, and
     # their whole contexts as (request row of the block table, position) pairs, request by request.
     num_prefills: int
@@ -120,6 +132,15 @@ class ATOMMLAMetadata:
     prefill_context_start_loc: torch.Tensor | None = None
     context_requests: torch.Tensor | None = None
     context_positions: torch.Tensor | None = None
+    _context_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def context_rows(self, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cache block, row in block) of each prefill context entry: worked out by the step's first
+        layer, reused by the others (one index op per layer instead of four)."""
+        if self._context_rows is None:
+            blocks = self.block_table[self.context_requests, self.context_positions // block_size]
+            self._context_rows = blocks, self.context_positions % block_size
+        return self._context_rows
 
 
 class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
@@ -137,6 +158,7 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.decode_schedule = None
         if mla_kernels(_fp8_cache(kv_cache_spec.cache_dtype_str)) == FA3:
+            self.reorder_batch_threshold = SHORT_EXTEND_TOKENS
             model = vllm_config.model_config
             rope_dim = model.hf_text_config.qk_rope_head_dim
             self.decode_schedule = DecodeSchedule(
@@ -149,7 +171,13 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
         if common_prefix_len > 0:
             raise NotImplementedError("ATOM MLA does not implement cascade attention")
         m = common_attn_metadata
-        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(m, decode_threshold=1)
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
+            m, decode_threshold=self.reorder_batch_threshold
+        )
+        decode_max_query_len = 1
+        if num_decode_tokens > num_decodes:  # short extends among the decodes (host-side lengths)
+            starts = m.query_start_loc_cpu[: num_decodes + 1]
+            decode_max_query_len = int((starts[1:] - starts[:-1]).max())
         metadata = ATOMMLAMetadata(
             num_actual_tokens=m.num_actual_tokens,
             slot_mapping=m.slot_mapping,
@@ -160,11 +188,13 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
             num_decode_tokens=num_decode_tokens,
             decode_query_start_loc=m.query_start_loc[: num_decodes + 1],
             decode_seq_lens=m.seq_lens[:num_decodes],
+            decode_max_query_len=decode_max_query_len,
             num_prefills=num_prefills,
         )
         if num_decodes and self.decode_schedule is not None:
             metadata.decode_schedule, metadata.decode_num_splits = self.decode_schedule.build(
-                metadata.decode_query_start_loc, metadata.decode_seq_lens, m.max_seq_len, num_decode_tokens
+                metadata.decode_query_start_loc, metadata.decode_seq_lens, m.max_seq_len, num_decode_tokens,
+                decode_max_query_len,
             )
         if num_prefills:
             self._add_prefill_contexts(metadata, m, num_decodes, num_decode_tokens)
@@ -235,6 +265,7 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
                 latent_out = mla_fa3.decode(
                     s, q_latent, kv_cache, m.decode_query_start_loc, m.decode_seq_lens,
                     m.block_table[: m.num_decodes], m.max_seq_len, m.decode_schedule, m.decode_num_splits,
+                    m.decode_max_query_len,
                 )
                 up_project_v(s, latent_out, output[:d])
             else:
@@ -247,9 +278,7 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
                 s, positions[d:n], q[d:n, :, :nope], q[d:n, :, nope:], kv_c[d:n], k_pe[d:n], kv_cache,
                 slots[d:n], kv_scale,
             )
-            block_size = kv_cache.shape[1]
-            blocks = m.block_table[m.context_requests, m.context_positions // block_size]
-            latent = kv_cache[blocks, m.context_positions % block_size]
+            latent = kv_cache[m.context_rows(kv_cache.shape[1])]
             if kv_scale is not None:
                 latent = (latent.float() * kv_scale).to(q.dtype)
             if self.fa3:

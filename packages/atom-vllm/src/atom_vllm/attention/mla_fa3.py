@@ -71,13 +71,14 @@ def prefill(spec: LatentAttentionSpec, q: torch.Tensor, latent: torch.Tensor, cu
 
 def decode(spec: LatentAttentionSpec, q_latent: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
            seq_lens: torch.Tensor, block_table: torch.Tensor, max_seq_len: int,
-           schedule: torch.Tensor | None, num_splits: int) -> torch.Tensor:
+           schedule: torch.Tensor | None, num_splits: int, max_query_len: int = 1) -> torch.Tensor:
     """The absorbed form over the paged latent cache, as FA3's MLA mode takes it: the rope channels
-    as q/k, the latent ones as q_v/v. Returns [T, H, kv_lora_rank]."""
+    as q/k, the latent ones as q_v/v. A sequence's queries are its last ``query_start_loc`` tokens
+    (causal; several for a short extend, ``max_query_len`` the longest). Returns [T, H, kv_lora_rank]."""
     rank = spec.kv_lora_rank
     return _flash_attn_varlen_func()(
         q=q_latent[..., rank:], k=kv_cache[..., rank:].unsqueeze(-2), v=kv_cache[..., :rank].unsqueeze(-2),
-        q_v=q_latent[..., :rank], cu_seqlens_q=query_start_loc, max_seqlen_q=1, seqused_k=seq_lens,
+        q_v=q_latent[..., :rank], cu_seqlens_q=query_start_loc, max_seqlen_q=max_query_len, seqused_k=seq_lens,
         max_seqlen_k=max_seq_len, block_table=block_table, softmax_scale=spec.scale, causal=True, fa_version=3,
         scheduler_metadata=schedule, num_splits=num_splits,
     )
@@ -102,14 +103,15 @@ class DecodeSchedule:
             self.graph_splits = vllm_config.attention_config.flash_attn_max_num_splits_for_cuda_graph
 
     def build(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
-              num_tokens: int) -> tuple[torch.Tensor, int]:
-        """(schedule, num_splits) for FA3."""
+              num_tokens: int, max_query_len: int = 1) -> tuple[torch.Tensor, int]:
+        """(schedule, num_splits) for FA3, for decodes of at most ``max_query_len`` tokens each."""
         from vllm.vllm_flash_attn import get_scheduler_metadata
 
         splits = self.graph_splits if self.buffer is not None and num_tokens <= self.graph_size else 0
         schedule = get_scheduler_metadata(
-            batch_size=seq_lens.shape[0], max_seqlen_q=1, max_seqlen_k=max_seq_len, num_heads_q=self.num_heads,
-            num_heads_kv=1, headdim=self.rope_dim, cache_seqlens=seq_lens, qkv_dtype=self.dtype,
+            batch_size=seq_lens.shape[0], max_seqlen_q=max_query_len, max_seqlen_k=max_seq_len,
+            num_heads_q=self.num_heads, num_heads_kv=1, headdim=self.rope_dim, cache_seqlens=seq_lens,
+            qkv_dtype=self.dtype,
             headdim_v=self.kv_lora_rank, page_size=self.block_size, cu_seqlens_q=query_start_loc, causal=True,
             num_splits=splits,
         )
