@@ -31,17 +31,22 @@ profile() {
 # OUT_DIR/RUNS, then bench_offline.py's REPORT from those runs; the checkpoint is deleted after.
 # EXTRA: more engine_run.py arguments for both engines (split on spaces). CHECKPOINT_LAYERS=N writes
 # the model's first N layers only (random_checkpoint.py --layers).
+# engine_run.py on CHECKPOINT alone and with ATOM, into PREFIX-{native,atom}.json (+ .log), ARGS for both.
+engine_runs() {  # CHECKPOINT PREFIX ARGS...
+  local checkpoint=$1 prefix=$2 mode flag; shift 2
+  for mode in native atom; do
+    [ $mode = native ] && flag=1 || flag=
+    ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$checkpoint" \
+      --out "$prefix-$mode.json" "$@" > "$prefix-$mode.json.log" 2>&1
+  done
+}
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
   local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
   tmp=$(mktemp -d)
   python3 "$here/e2e/$writer" --config "$here/models/$model.json" --out "$tmp/$model" \
     ${CHECKPOINT_LAYERS:+--layers $CHECKPOINT_LAYERS}
   mkdir -p "$runs"
-  for mode in native atom; do
-    [ $mode = native ] && flag=1 || flag=
-    ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$tmp/$model" \
-      --out "$runs/run-$model-$mode.json" $extra > "$runs/run-$model-$mode.json.log" 2>&1
-  done
+  engine_runs "$tmp/$model" "$runs/run-$model" $extra
   python3 "$here/e2e/bench_offline.py" --runs-dir "$runs" --out "$report" "$model"
   rm -rf "$tmp"
 }
@@ -111,12 +116,7 @@ for step in $steps; do
     # (prefix-cache hits) at 1 and 16; one request at a time under the worker's profiler.
     serving-ttft) tmp=$(mktemp -d)
                   python3 "$here/e2e/random_checkpoint.py" --config "$here/models/deepseek-v2-lite.json" --out "$tmp/ckpt"
-                  for mode in native atom; do
-                    [ $mode = native ] && flag=1 || flag=
-                    ATOM_DISABLE_VLLM_PLUGIN=$flag python3 "$here/e2e/engine_run.py" --checkpoint "$tmp/ckpt" \
-                      --correctness '' --throughput '' --prefix-hits 16,1024,32 --out "$out/prefix-hits-$mode.json" \
-                      > "$out/prefix-hits-$mode.log" 2>&1
-                  done
+                  engine_runs "$tmp/ckpt" "$out/prefix-hits" --correctness '' --throughput '' --prefix-hits 16,1024,32
                   v2_lite() { python3 "$here/e2e/bench_serving.py" --model deepseek-v2-lite --checkpoint "$tmp/ckpt" "$@"; }
                   v2_lite --out "$out/ttft-sweep/serving-deepseek-v2-lite.json" --concurrencies 1,16,64
                   v2_lite --out "$out/ttft-shared-prefix/serving-deepseek-v2-lite.json" --concurrencies 1,16 \

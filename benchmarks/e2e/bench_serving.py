@@ -229,7 +229,7 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
     """One server, every concurrency; ``save()`` after each, so a cut-off run keeps what it measured.
     ``profile``: each concurrency's requests run under vLLM's profiler, summarised per step."""
     mode = "atom" if atom else "native"
-    trace_dir = os.path.join(workdir, f"traces-{mode}")
+    trace_dir = os.path.join(workdir, f"traces-{mode}") if profile else ""
     if profile:
         server_args = [*server_args, *profiler_server_args(trace_dir)]
     traces_seen: set[str] = set()
