@@ -26,6 +26,7 @@ from transformers.models.auto.modeling_auto import (
 
 from atom_core.hosting.hf_config import complete_hf_config
 from atom_core.hosting.takeover import (
+    EXPERT_PARALLEL_NOTE,
     HYBRID_GPU_OPT_IN_REASON,
     MXFP4_OPT_IN_REASON,
     SLOWER_ON_GPU,
@@ -136,12 +137,33 @@ def qwen3(tmp_path):
     ({"quantization": "fp8"}, "online quantization 'fp8' of an unquantized checkpoint is not supported"),
     ({"lora": True}, "LoRA is not supported"),
     ({"pipeline_parallel_size": 2}, "pipeline parallelism (size 2) is not supported"),
+    ({"data_parallel_attention": True}, "data-parallel attention is not supported"),
+    ({"expert_load_balancing": True}, "expert-parallel load balancing (EPLB) is not supported"),
     ({"kv_cache_dtype": "fp8_e5m2"}, "KV-cache dtype 'fp8_e5m2' is not supported"),
     ({"kv_cache_dtype": "float16"}, "KV-cache dtype 'float16' is not supported"),
     ({"dtype": torch.float64}, "dtype torch.float64 is not supported"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_each_reason(qwen3, fields, reason):
     assert decide_takeover(dataclasses.replace(qwen3, **fields)).reasons == (reason,)
+
+
+def test_data_parallel_replicas_of_a_moe_model_are_handed_back(qwen3, tmp_path):
+    """vLLM shards a MoE model's experts across its data-parallel replicas; ATOM's replicas would each
+    hold the whole of them. A dense model's replicas are independent: ATOM serves them."""
+    moe = hosted(published_config("qwen3-30b-a3b", tmp_path), data_parallel_size=2)
+    assert decide_takeover(moe).reasons == (
+        "experts sharded across 2 data-parallel replicas are not supported "
+        "(ATOM shards experts across the tensor-parallel ranks of one replica)",)
+    assert decide_takeover(dataclasses.replace(qwen3, data_parallel_size=2)).atom_serves
+
+
+def test_expert_parallelism_is_served_with_a_note(qwen3, tmp_path):
+    """One replica with expert parallelism: ATOM serves the MoE model, splitting each expert across
+    the TP ranks, and notes it; a dense model has nothing to note."""
+    moe = decide_takeover(hosted(published_config("qwen3-30b-a3b", tmp_path), expert_parallel=True))
+    assert moe.atom_serves and moe.notes == (EXPERT_PARALLEL_NOTE,)
+    dense = decide_takeover(dataclasses.replace(qwen3, expert_parallel=True))
+    assert dense.atom_serves and dense.notes == ()
 
 
 def test_speculative_decoding_of_recurrent_state_is_handed_back(qwen3):

@@ -7,6 +7,7 @@ import torch
 from transformers import Qwen3Config
 
 from atom_core.config import CompilationLevel
+from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.testing.tiny_models import tiny_hf_config
 from atom_core.testing.tiny_vision_language import tiny_vision_language_config
 from atom_sglang.config_translation import (
@@ -16,6 +17,7 @@ from atom_sglang.config_translation import (
     takeover_decision,
     unpadded_hf_config,
 )
+from atom_sglang.resolved_args import in_effect, model_config_of
 
 
 def hf_config(**overrides):
@@ -63,10 +65,31 @@ def test_padded_heads_are_refused():
         unpadded_hf_config(hf_config(original_num_attention_heads=3))
 
 
+def plain_server_args() -> SimpleNamespace:
+    """The server arguments the decision reads, as SGLang's defaults on a CPU set them."""
+    return SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto", is_embedding=False,
+                           device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False)
+
+
+@pytest.mark.parametrize("settings, reasons, notes", [
+    ({"tp_size": 2, "ep_size": 2}, (), (EXPERT_PARALLEL_NOTE,)),
+    ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, ("data-parallel attention is not supported",), ()),
+    ({"tp_size": 2, "ep_size": 2, "enable_eplb": True},
+     ("expert-parallel load balancing (EPLB) is not supported",), ()),
+], ids=["expert parallel", "DP attention", "EPLB"])
+def test_parallel_layouts_read_from_server_args(tiny_model_dir, settings, reasons, notes):
+    """SGLang's parallel settings, read from its own resolved ServerArgs (no engine start): expert
+    parallelism is served with its note, data-parallel attention and EPLB are handed back."""
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = in_effect(ServerArgs(model_path=tiny_model_dir("Qwen3MoeForCausalLM"), device="cpu", **settings))
+    decision = takeover_decision(server_args, model_config_of(server_args))
+    assert (decision.reasons, decision.notes) == (reasons, notes)
+
+
 def test_recurrent_state_models_are_handed_back():
     """Qwen3-Next's Gated DeltaNet state has no cache in SGLang's glue yet: SGLang serves it itself."""
-    server_args = SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto",
-                                  is_embedding=False, device="cpu")
+    server_args = plain_server_args()
     qwen3_next = SimpleNamespace(hf_config=tiny_hf_config("Qwen3NextForCausalLM"), dtype=torch.bfloat16,
                                  quantization=None)
     assert takeover_decision(server_args, qwen3_next).reasons == (RECURRENT_STATE_REASON,)
@@ -77,8 +100,7 @@ def test_recurrent_state_models_are_handed_back():
 
 def test_vision_language_models_are_handed_back():
     """SGLang keeps its own Qwen3.5 (its multimodal processors are registered to its classes)."""
-    server_args = SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto",
-                                  is_embedding=False, device="cpu")
+    server_args = plain_server_args()
     qwen3_5 = SimpleNamespace(hf_config=tiny_vision_language_config("Qwen3_5ForConditionalGeneration"),
                               dtype=torch.bfloat16, quantization=None)
     assert takeover_decision(server_args, qwen3_5).reasons == (VISION_LANGUAGE_REASON,)

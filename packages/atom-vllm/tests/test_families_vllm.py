@@ -24,6 +24,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from vllm_testing import hf_greedy, run_vllm, skip_moe_alone_on_new_cpu_vllm
 
 from atom_core import Config
+from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.layers.attention import get_attention_factory, set_attention_factory
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
 from atom_vllm.attention.mha import ATOMAttentionImpl
@@ -86,7 +87,10 @@ def test_native_vllm_matches_hf(case):
     assert tokens_of(result) == expected
 
 
-def test_gpt_oss_tensor_parallel_2(tiny_model_dir):
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "tp+ep"])
+def test_gpt_oss_tensor_parallel_2(tiny_model_dir, expert_parallel):
+    """With ``--enable-expert-parallel`` too: ATOM still splits each expert across the two ranks
+    (atom_core.hosting.takeover), says so, and gives the same tokens."""
     on_cuda = torch.cuda.is_available()
     cpus = sorted(os.sched_getaffinity(0))
     if on_cuda and torch.cuda.device_count() < 2:
@@ -101,9 +105,11 @@ def test_gpt_oss_tensor_parallel_2(tiny_model_dir):
         # Each CPU worker binds its OpenMP threads to one core (vLLM's automatic binding wants one
         # NUMA node per worker).
         env={"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"},
-        llm_kwargs={"tensor_parallel_size": 2, "distributed_executor_backend": "mp", **CHUNKED},
+        llm_kwargs={"tensor_parallel_size": 2, "distributed_executor_backend": "mp",
+                    "enable_expert_parallel": expert_parallel, **CHUNKED},
     )
     assert result["served_by"]["model_class"] == wrapper_of(architecture)
+    assert (f"ATOM serves {architecture} on vLLM: {EXPERT_PARALLEL_NOTE}" in result["log"]) == expert_parallel
     assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
     assert f"backend={'nccl' if on_cuda else 'gloo'}" in result["log"]
     assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)

@@ -28,6 +28,7 @@ from vllm_testing import (
     tokens_of,
 )
 
+from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
 from atom_core.testing.hf_classes import hf_reference_model
@@ -190,3 +191,21 @@ def test_vision_language_decision_reads_the_text_config(tiny_model_dir, tmp_path
     ]:
         config = EngineArgs(model=checkpoint, max_model_len=256, **settings, **BF16).create_engine_config()
         assert takeover_decision(config).reasons == reasons
+
+
+def test_parallel_layouts_read_from_vllm_config(tiny_model_dir):
+    """vLLM's parallel settings as the glue reads them: data-parallel replicas of a MoE model (vLLM
+    shards its experts across them) are handed back, a dense model's served; expert parallelism in
+    one replica is served with its note. (EPLB: vLLM's config refuses it without CUDA; the decision
+    itself is in atom-core's test_takeover.py.)"""
+    moe, dense = tiny_model_dir("Qwen3MoeForCausalLM"), tiny_model_dir("Qwen3ForCausalLM")
+
+    def decision(model, **settings):
+        return takeover_decision(EngineArgs(model=model, max_model_len=256, **settings).create_engine_config())
+
+    assert decision(moe, data_parallel_size=2).reasons == (
+        "experts sharded across 2 data-parallel replicas are not supported "
+        "(ATOM shards experts across the tensor-parallel ranks of one replica)",)
+    assert decision(dense, data_parallel_size=2).atom_serves
+    expert_parallel = decision(moe, tensor_parallel_size=2, enable_expert_parallel=True)
+    assert expert_parallel.atom_serves and expert_parallel.notes == (EXPERT_PARALLEL_NOTE,)

@@ -24,6 +24,7 @@ from atom_core.hosting.takeover import HostedModel, TakeoverDecision, decide_tak
 def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
     """What vLLM asks of the model, for the takeover decision (atom_core.hosting.takeover)."""
     model_config = vllm_config.model_config
+    parallel = vllm_config.parallel_config
     architectures = getattr(model_config, "architectures", None) or [""]
     return HostedModel(
         host="vLLM",
@@ -32,7 +33,10 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
         dtype=model_config.dtype,
         quantization=model_config.quantization,
         lora=vllm_config.lora_config is not None,
-        pipeline_parallel_size=vllm_config.parallel_config.pipeline_parallel_size,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
+        data_parallel_size=parallel.data_parallel_size,
+        expert_parallel=parallel.enable_expert_parallel,
+        expert_load_balancing=parallel.enable_eplb,
         kv_cache_dtype=vllm_config.cache_config.cache_dtype,
         speculative_tokens=(vllm_config.speculative_config.num_speculative_tokens or 0
                             if vllm_config.speculative_config else 0),

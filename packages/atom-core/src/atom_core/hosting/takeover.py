@@ -17,12 +17,18 @@ The reasons, in the order they are checked (each one is a function below):
 | quantization | a scheme ATOM does not serve; online FP8; MXFP4 (opt-in); MLA KV scales; any, in a VLM |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
+| data parallelism | of attention (SGLang), or of experts the host shards across its replicas (vLLM) |
+| expert load balancing | ATOM's experts stay where they load (no EPLB) |
 | speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
 | hybrid model on a GPU | slower than the host so far (opt-in: ATOM_SERVE_HYBRID_ON_GPU=1) |
 | measured slower on a GPU | the (host, model) pairs of SLOWER_ON_GPU (opt-in: ATOM_SERVE_WHERE_SLOWER=1) |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
 | dtype | ATOM's kernels run float32, bfloat16 and float16 |
 | rope type | ATOM builds default, linear, llama3 and yarn rotary tables |
+
+Expert parallelism alone (one replica; vLLM's ``--enable-expert-parallel``, SGLang's ``--ep-size``) is
+served: ATOM splits every expert across the tensor-parallel ranks instead of giving each rank whole
+experts, the same weight memory per rank, and says so in one INFO line when it starts.
 """
 
 from __future__ import annotations
@@ -67,6 +73,12 @@ class HostedModel:
     pipeline_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
     speculative_tokens: int = 0  # draft tokens per step, 0 without speculative decoding
+    # Replicas whose MoE layers the host shards jointly (vLLM's data-parallel size; SGLang's replicas
+    # are independent: 1).
+    data_parallel_size: int = 1
+    data_parallel_attention: bool = False  # SGLang's --enable-dp-attention
+    expert_parallel: bool = False  # the host would give each rank whole experts
+    expert_load_balancing: bool = False  # EPLB
     generates: bool = True  # False: the host runs it as an embedding / pooling model
     device: str = "cpu"  # the host's device type: "cpu", "cuda", ...
 
@@ -109,8 +121,7 @@ def _quantization(model: HostedModel) -> str | None:
         return None
     if checkpoint.kv_cache_scales and getattr(model.hf_config, "kv_lora_rank", None) is not None:
         return "KV-cache scales of MLA models are not supported"
-    has_experts = any(getattr(model.hf_config, key, None) for key in _EXPERT_COUNT_KEYS)
-    if checkpoint.scheme.static_input and has_experts:
+    if checkpoint.scheme.static_input and _has_experts(model):
         return "static FP8 activation scales on MoE experts are not supported"
     return None
 
@@ -123,6 +134,23 @@ def _pipeline_parallel(model: HostedModel) -> str | None:
     if model.pipeline_parallel_size <= 1:
         return None
     return f"pipeline parallelism (size {model.pipeline_parallel_size}) is not supported"
+
+
+def _has_experts(model: HostedModel) -> bool:
+    return any(getattr(model.hf_config, key, None) for key in _EXPERT_COUNT_KEYS)
+
+
+def _data_parallel(model: HostedModel) -> str | None:
+    if model.data_parallel_attention:
+        return "data-parallel attention is not supported"
+    if model.data_parallel_size > 1 and _has_experts(model):
+        return (f"experts sharded across {model.data_parallel_size} data-parallel replicas are not supported "
+                "(ATOM shards experts across the tensor-parallel ranks of one replica)")
+    return None
+
+
+def _expert_load_balancing(model: HostedModel) -> str | None:
+    return "expert-parallel load balancing (EPLB) is not supported" if model.expert_load_balancing else None
 
 
 def _speculative(model: HostedModel) -> str | None:
@@ -183,9 +211,13 @@ def _rope(model: HostedModel) -> str | None:
 
 # The architecture comes first: the others read config keys only the supported families have.
 _CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
-    _architecture, _task, _quantization, _lora, _pipeline_parallel, _speculative, _hybrid_on_gpu,
-    _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
+    _architecture, _task, _quantization, _lora, _pipeline_parallel, _data_parallel, _expert_load_balancing,
+    _speculative, _hybrid_on_gpu, _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
 )
+
+
+EXPERT_PARALLEL_NOTE = ("expert parallelism is served by splitting every expert across the tensor-parallel "
+                        "ranks (each rank holds the same share of the expert weights as with whole experts)")
 
 
 @dataclass(frozen=True)
@@ -193,6 +225,8 @@ class TakeoverDecision:
     host: str
     architecture: str
     reasons: tuple[str, ...]
+    # Where ATOM serves: what it does differently from what the host was asked for, logged at start.
+    notes: tuple[str, ...] = ()
 
     @property
     def atom_serves(self) -> bool:
@@ -214,7 +248,8 @@ def decide_takeover(model: HostedModel) -> TakeoverDecision:
             reasons.append(reason)
             if check is _architecture:
                 break
-    return TakeoverDecision(model.host, model.architecture, tuple(reasons))
+    notes = (EXPERT_PARALLEL_NOTE,) if not reasons and model.expert_parallel and _has_experts(model) else ()
+    return TakeoverDecision(model.host, model.architecture, tuple(reasons), notes)
 
 
 def enforce_strict(decision: TakeoverDecision) -> None:
@@ -238,6 +273,8 @@ def new_wrapper_or_host_model(cls: type, decision: TakeoverDecision,
     after the hand-back line, ``host_model()``, the host's own model. That is no instance of
     ``cls``, so Python skips ``cls.__init__`` and the host gets its model as it would have built it."""
     if decision.atom_serves:
+        for note in decision.notes:
+            logger.info(f"ATOM serves {decision.architecture} on {decision.host}: {note}")
         return object.__new__(cls)
     report_hand_back(decision)
     return host_model()

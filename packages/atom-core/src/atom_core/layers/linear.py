@@ -284,14 +284,20 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial products are summed over the TP group."""
+    """Input features split across ranks; partial products are summed over the TP group, or, with
+    ``reduce_results=False``, by the caller together with other partial sums (the bias then goes into
+    rank 0's part, so that the sum carries it once)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, prefix: str = ""):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, prefix: str = "",
+                 reduce_results: bool = True):
         tp_size = get_tp_group().world_size
         super().__init__(divide(input_size, tp_size), output_size, bias, 1, prefix)
+        self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
         y = self.matmul(x, None)
         if self.tp.world_size > 1:
+            if not self.reduce_results:
+                return y if self.bias is None or self.tp.rank else y + self.bias
             y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias

@@ -122,7 +122,8 @@ class FusedMoE(nn.Module):
     ``activation`` is ``"silu"`` or ``"clamped_swiglu"`` (with ``swiglu_alpha``, ``swiglu_limit``);
     ``interleaved`` says the gate/up rows alternate (g0, u0, g1, ...) instead of ``[gate | up]``;
     ``bias`` adds ``w13_bias`` / ``w2_bias``; ``checkpoint_layout`` is :data:`PER_EXPERT` or
-    :data:`STACKED_TRANSPOSED` (see the module docstring).
+    :data:`STACKED_TRANSPOSED` (see the module docstring); ``reduce_results=False`` returns this
+    rank's partial sum for the caller to reduce.
     """
 
     def __init__(
@@ -137,6 +138,7 @@ class FusedMoE(nn.Module):
         swiglu_alpha: float = 1.702,
         swiglu_limit: float = 7.0,
         checkpoint_layout: str = PER_EXPERT,
+        reduce_results: bool = True,
     ):
         super().__init__()
         if checkpoint_layout not in (PER_EXPERT, STACKED_TRANSPOSED):
@@ -152,6 +154,7 @@ class FusedMoE(nn.Module):
         self.swiglu_alpha = swiglu_alpha
         self.swiglu_limit = swiglu_limit
         self.checkpoint_layout = checkpoint_layout
+        self.reduce_results = reduce_results
         self.local_intermediate = divide(intermediate_size, self.tp.world_size)
         self.scheme = layer_scheme(prefix, experts=True)
         self.mxfp4 = isinstance(self.scheme, Mxfp4Scheme)
@@ -308,7 +311,7 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         out = atom_kernels.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
                                      **self.kernel_options())
-        if self.tp.world_size > 1:
+        if self.tp.world_size > 1 and self.reduce_results:
             out = self.tp.all_reduce(out)
         return out
 
@@ -349,7 +352,8 @@ class MoeSpec:
 
 class SparseMoeBlock(nn.Module):
     """``experts(x, gate(x))`` plus, if given, ``shared_experts(x)`` (a dense MLP every token runs),
-    times ``sigmoid(shared_expert_gate(x))`` (one logit per token) if that is given too.
+    times ``sigmoid(shared_expert_gate(x))`` (one logit per token) if that is given too. Under TP
+    both give partial sums, reduced once (one all-reduce per MoE layer, not two).
 
     Checkpoint names follow the attribute names: ``<prefix>.gate``, ``<prefix>.experts``,
     ``<prefix>.shared_experts``, ``<prefix>.shared_expert_gate``.
@@ -360,6 +364,9 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         if shared_expert_gate is not None and shared_experts is None:
             raise ValueError("a shared expert gate needs shared experts")
+        if experts.reduce_results or (shared_experts is not None and shared_experts.down_proj.reduce_results):
+            raise ValueError("the block sums its experts' partial outputs over TP ranks itself: build them "
+                             "with reduce_results=False")
         self.gate = gate
         self.experts = experts
         self.shared_experts = shared_experts
@@ -377,12 +384,12 @@ class SparseMoeBlock(nn.Module):
             spec.num_experts, hidden_size, spec.intermediate_size, prefix=f"{prefix}.experts",
             activation=spec.activation, interleaved=spec.interleaved, bias=spec.expert_bias,
             swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit,
-            checkpoint_layout=spec.checkpoint_layout,
+            checkpoint_layout=spec.checkpoint_layout, reduce_results=False,
         )
         shared = shared_gate = None
         if spec.shared_intermediate_size:
             shared = GatedMLP(hidden_size, spec.shared_intermediate_size, f"{prefix}.shared_experts",
-                              bias=spec.shared_bias)
+                              bias=spec.shared_bias, reduce_results=False)
         if spec.shared_gate:
             # One logit per token, shipped unquantized: vLLM builds it unquantized whatever the
             # checkpoint's list of unquantized modules says, and so does ATOM.
@@ -395,6 +402,8 @@ class SparseMoeBlock(nn.Module):
         if self.shared_experts is not None:
             shared = self.shared_experts(x)
             if self.shared_expert_gate is not None:
+                # One replicated gate per token scales every rank's partial sum alike.
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
-        return out
+        tp = self.experts.tp
+        return tp.all_reduce(out) if tp.world_size > 1 else out
