@@ -3,7 +3,8 @@
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
 # fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline
-# hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests.
+# hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests;
+# on 4 GPUs: mla-tp4-checkpoint-offline flagship-tp4-serving (not in the default list).
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
@@ -40,6 +41,13 @@ engine_runs() {  # CHECKPOINT PREFIX ARGS...
       --out "$prefix-$mode.json" "$@" > "$prefix-$mode.json.log" 2>&1
   done
 }
+# Several GPUs of one host: NVLink multicast stays off (it can take a shared host's GPUs out of service),
+# and vLLM's fused all-reduce uses TensorRT-LLM's kernel (FlashInfer's default, mnnvl, needs multicast).
+multi_gpu() {  # COMMAND...
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm "$@"
+}
+TP4_EP_ARGS="--engine-arg tensor_parallel_size=4 --engine-arg enable_expert_parallel=true"
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
   local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
   tmp=$(mktemp -d)
@@ -162,6 +170,26 @@ for step in $steps; do
                          --out "$out/bf16-noise-qwen3-next-80b-a3b-16l.json")
                        rm -rf "$tmp" ;;
     gated-delta) python3 "$here/kernels/bench_gated_delta.py" --out "$out/gated-delta.json" ;;
+    # MLA at TP 4 with expert parallelism (issue 19; a 4-GPU machine): each of MLA_TP4_MODELS (NAME, or
+    # NAME:LAYERS for its first LAYERS layers) on a random checkpoint, both engines with
+    # --tensor-parallel-size 4 --enable-expert-parallel (ATOM splits every expert across the 4 ranks
+    # instead: atom_core.hosting.takeover). Random weights route over all experts, as EP needs to be fair.
+    mla-tp4-checkpoint-offline) for spec in ${MLA_TP4_MODELS:-deepseek-v2-lite moonlight-16b-a3b deepseek-v3-7l:5}; do
+                                  model=${spec%%:*} layers=${spec#*:}; [ "$layers" = "$spec" ] && layers=
+                                  CHECKPOINT_LAYERS=$layers multi_gpu checkpoint_offline random_checkpoint.py $model \
+                                    tp4-$model-runs offline-mla-tp4-$model${layers:+-${layers}l}.json "$TP4_EP_ARGS"
+                                done ;;
+    # The flagship configuration (issue 22) at reduced depth on a 4-GPU machine: DeepSeek-V3's width at 8
+    # layers, block-FP8 dummy weights, `vllm serve --tensor-parallel-size 4 --enable-expert-parallel
+    # --kv-cache-dtype fp8` with FULL_AND_PIECEWISE CUDA graphs; random 8000 in / 1000 out at concurrency 64,
+    # FLAGSHIP_PROMPTS requests (the issue's 640 by default). VLLM_DEEP_GEMM_WARMUP=skip: vLLM alone's
+    # DeepGEMM warm-up takes minutes per start; its kernels compile in the untimed warm-up burst instead.
+    flagship-tp4-serving) VLLM_DEEP_GEMM_WARMUP=skip multi_gpu python3 "$here/e2e/bench_serving.py" \
+                            --out "$out/flagship-tp4/serving-deepseek-v3-8l-fp8-tp4-ep.json" --model deepseek-v3-8l-fp8 \
+                            --concurrencies 64 --input-len 8000 --output-len 1000 --num-prompts "${FLAGSHIP_PROMPTS:-640}" \
+                            --server-arg=--tensor-parallel-size=4 --server-arg=--enable-expert-parallel \
+                            --server-arg=--kv-cache-dtype=fp8 \
+                            --server-arg=--compilation-config='{"cudagraph_mode":"FULL_AND_PIECEWISE"}' ;;
     # atom-vllm's GPU-only tests (no ATOM kernel compiling while serving; FA3 MLA against ATOM's kernels).
     vllm-gpu-tests) python3 -m pytest "$here/../packages/atom-vllm/tests/test_gpu_no_jit_while_serving.py" \
                       "$here/../packages/atom-vllm/tests/test_mla_fa3_gpu.py" -q -p no:cacheprovider \

@@ -68,6 +68,8 @@ SAMPLE_LINE = re.compile(r"^([\w:]+)(?:\{[^}]*\})? (\S+)$")
 
 
 WARM_UP_OUTPUT_LEN = 16
+# Environment variables a report records: the engines', ATOM's and the collectives' switches.
+RECORDED_ENV = ("VLLM_", "SGLANG_", "ATOM_", "NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,21 @@ class Workload:
     # vLLM: a prompt prefix shared by every request of a burst (a system prompt), before input_len
     # tokens of its own: after the burst's first request, prefix-cache hits.
     prefix_len: int = 0
+    prompts: int = 0  # requests per timed burst; 0: 4 x concurrency, at least 16
 
     def num_prompts(self, concurrency: int) -> int:
-        return max(4 * concurrency, 16)
+        return self.prompts or max(4 * concurrency, 16)
+
+    @property
+    def max_model_len(self) -> int:
+        """The server's context: 4096, or what the longest request needs."""
+        return max(4096, self.prefix_len + self.input_len + self.output_len)
 
 
 def vllm_commands(model_dir: str, port: int, dummy: bool, workload: Workload, concurrency: int,
                   result_path: str, seed: int = 0) -> tuple[list[str], list[str]]:
     server = [*VLLM_SERVE, "--model", model_dir, *(["--load-format", "dummy"] if dummy else []), "--host",
-              "127.0.0.1", "--port", str(port), "--max-model-len", "4096"]
+              "127.0.0.1", "--port", str(port), "--max-model-len", str(workload.max_model_len)]
     bench = [*VLLM_BENCH_SERVE, "--backend", "vllm", "--model", model_dir, "--host", "127.0.0.1", "--port",
              str(port), "--dataset-name", "random", "--random-input-len", str(workload.input_len),
              "--random-prefix-len", str(workload.prefix_len),
@@ -253,7 +261,7 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
             return run
         run["server_start_s"] = time.perf_counter() - started
         run["atom_log_lines"] = [line.strip() for line in atom_log_lines(open(log_path).readlines(), 20)]
-        warm_up = Workload(workload.input_len, WARM_UP_OUTPUT_LEN, workload.prefix_len)
+        warm_up = Workload(workload.input_len, WARM_UP_OUTPUT_LEN, workload.prefix_len)  # 4 x concurrency
         warm_up_path = os.path.join(workdir, f"warm-up-{mode}{engine.result_suffix}")
         _, warm_up_command = engine.commands(model_dir, port, dummy, warm_up, max(concurrencies), warm_up_path,
                                              seed=0)
@@ -340,6 +348,8 @@ def main() -> None:
     parser.add_argument("--prefix-len", type=int, default=0,
                         help="vLLM: tokens of a prompt prefix that all requests of a burst share, before --input-len")
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=0,
+                        help="requests per timed run (default: 4 x concurrency, at least 16)")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="a further server flag for both servers (repeatable; --server-arg=--flag)")
     parser.add_argument("--profile", action="store_true",
@@ -354,7 +364,7 @@ def main() -> None:
     if (args.profile or args.prefix_len) and args.engine != "vllm":
         parser.error("--profile and --prefix-len need --engine vllm")
     concurrencies = [int(c) for c in args.concurrencies.split(",")]
-    workload = Workload(args.input_len, args.output_len, args.prefix_len)
+    workload = Workload(args.input_len, args.output_len, args.prefix_len, args.num_prompts)
     workdir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(workdir, exist_ok=True)
     config_path = args.model if args.model.endswith(".json") else os.path.join(MODELS, f"{args.model}.json")
@@ -375,10 +385,13 @@ def main() -> None:
               "workload": (("" if not workload.prefix_len else f"a {workload.prefix_len}-token prefix shared by "
                             "each burst's requests, then ") +
                            f"random {workload.input_len} in / {workload.output_len} out, EOS ignored, "
-                           "4 x concurrency requests (at least 16), after an untimed warm-up burst at the "
+                           + (f"{workload.prompts} requests" if workload.prompts else
+                              "4 x concurrency requests (at least 16)") +
+                           ", after an untimed warm-up burst at the "
                            f"highest concurrency ({WARM_UP_OUTPUT_LEN} output tokens a request); prompt seed 0 "
                            "for the warm-up, the concurrency for a timed run"),
-              "concurrencies": concurrencies, "profiled": args.profile}
+              "concurrencies": concurrencies, "profiled": args.profile,
+              "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)}}
     report["native"], report["atom"] = {}, {}
 
     def save(mode: str, run: dict) -> None:

@@ -78,8 +78,8 @@ def run_header(args: argparse.Namespace, engine: str, atom_disabled: bool, engin
     """The keys every engine run's result starts with."""
     return {"engine": engine, "config": os.path.basename(args.config or args.checkpoint), "eager": args.eager,
             "weights_from": "checkpoint" if getattr(args, "checkpoint", None) else "dummy",
-            "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "atom_disabled": atom_disabled,
-            "engine_start_s": engine_start_s, "served_by": served_by}
+            "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "engine_args": dict(args.engine_arg),
+            "atom_disabled": atom_disabled, "engine_start_s": engine_start_s, "served_by": served_by}
 
 
 def measure_throughput(generate: Callable[[list[list[int]], int], int], spec: str, vocab: int) -> dict:
