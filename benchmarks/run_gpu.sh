@@ -184,7 +184,9 @@ for step in $steps; do
     # --kv-cache-dtype fp8` with FULL_AND_PIECEWISE CUDA graphs; random 8000 in / 1000 out at concurrency 64,
     # FLAGSHIP_PROMPTS requests (the 640 by default). VLLM_DEEP_GEMM_WARMUP=skip: vLLM alone's
     # DeepGEMM warm-up takes minutes per start; its kernels compile in the untimed warm-up burst instead.
-    flagship-tp4-serving) VLLM_DEEP_GEMM_WARMUP=skip multi_gpu python3 "$here/e2e/bench_serving.py" \
+    # Even so vLLM alone had not come up after 420 s on 4 H200s (b355b2b): each server gets 20 minutes.
+    flagship-tp4-serving) VLLM_DEEP_GEMM_WARMUP=skip ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
+                          multi_gpu python3 "$here/e2e/bench_serving.py" \
                             --out "$out/flagship-tp4/serving-deepseek-v3-8l-fp8-tp4-ep.json" --model deepseek-v3-8l-fp8 \
                             --concurrencies 64 --input-len 8000 --output-len 1000 --num-prompts "${FLAGSHIP_PROMPTS:-640}" \
                             --server-arg=--tensor-parallel-size=4 --server-arg=--enable-expert-parallel \

@@ -25,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+import process_group
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
 # vLLM 0.26 logs the weights' memory once loaded: "Model loading took %s GiB memory and %.6f seconds"
@@ -62,12 +64,9 @@ def run_engine(config: str, atom: bool, out: str, extra: list[str], engine: str 
     cmd = [sys.executable, os.path.join(HERE, ENGINES[engine].script), "--config", config, "--out", out, *extra]
     log_path = out + ".log"
     with open(log_path, "w") as log:
-        try:
-            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=int(os.environ.get("ATOM_BENCH_ENGINE_TIMEOUT", "900")))
-            error = f"exit {proc.returncode}" if proc.returncode else None
-        except subprocess.TimeoutExpired:
-            error = "timeout"
+        status = process_group.run(cmd, float(os.environ.get("ATOM_BENCH_ENGINE_TIMEOUT", "900")), env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)
+    error = "timeout" if status is None else f"exit {status}" if status else None
     return read_run(out, error)
 
 

@@ -39,6 +39,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import process_group
 from bench_offline import atom_log_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -250,7 +251,7 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
     started = time.perf_counter()
     server_command, _ = engine.commands(model_dir, port, dummy, workload, 1, "")
     with open(log_path, "w") as log:
-        server = subprocess.Popen([*server_command, *server_args], env=env, stdout=log, stderr=subprocess.STDOUT)
+        server = process_group.start([*server_command, *server_args], env=env, stdout=log, stderr=subprocess.STDOUT)
     run = {"mode": mode, "log": os.path.basename(log_path), "server_args": server_args}
     save(mode, run)
     try:
@@ -290,11 +291,7 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
                                                                     "mean_tpot_ms") if k in raw}, flush=True)
             save(mode, run)
     finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        process_group.stop(server)
     return run
 
 
