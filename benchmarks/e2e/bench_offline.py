@@ -140,8 +140,10 @@ def workload_line(report: dict) -> str:
     if not runs:
         return "No throughput run"
     workload = runs[0]["throughput"]
+    engine_args = ", ".join(f"{k}={v}" for k, v in runs[0].get("engine_args", {}).items())
     return (f"{workload['prompts']} prompts x {workload['input_len']} random input tokens, "
-            f"{workload['output_len']} greedy output tokens")
+            f"{workload['output_len']} greedy output tokens"
+            + (f", engine arguments {engine_args}" if engine_args else ""))
 
 
 def served_by_lines(report: dict) -> list[str]:
@@ -211,6 +213,8 @@ def main() -> None:
 
     version = importlib.import_module(ENGINES[args.engine].package).__version__
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else os.environ.get("ATOM_BENCH_DEVICE", "?")
+    if torch.cuda.device_count() > 1:
+        device = f"{torch.cuda.device_count()} x {device}"
     report = {"device": device, "engine": args.engine, args.engine: version, "torch": torch.__version__,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "kv_cache_dtype": args.kv_cache_dtype, "models": {}}
     workdir = os.path.dirname(os.path.abspath(args.out))
