@@ -137,6 +137,7 @@ def qwen3(tmp_path):
     ({"quantization": "fp8"}, "online quantization 'fp8' of an unquantized checkpoint is not supported"),
     ({"lora": True}, "LoRA is not supported"),
     ({"pipeline_parallel_size": 2}, "pipeline parallelism (size 2) is not supported"),
+    ({"context_parallel_size": 2}, "context parallelism (size 2) is not supported"),
     ({"data_parallel_attention": True}, "data-parallel attention is not supported"),
     ({"expert_load_balancing": True}, "expert-parallel load balancing (EPLB) is not supported"),
     ({"kv_cache_dtype": "fp8_e5m2"}, "KV-cache dtype 'fp8_e5m2' is not supported"),

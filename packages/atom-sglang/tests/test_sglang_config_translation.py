@@ -68,7 +68,8 @@ def test_padded_heads_are_refused():
 def plain_server_args() -> SimpleNamespace:
     """The server arguments the decision reads, as SGLang's defaults on a CPU set them."""
     return SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto", is_embedding=False,
-                           device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False)
+                           device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False, dcp_size=1,
+                           attn_cp_size=1)
 
 
 @pytest.mark.parametrize("settings, reasons, notes", [
@@ -76,10 +77,12 @@ def plain_server_args() -> SimpleNamespace:
     ({"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}, ("data-parallel attention is not supported",), ()),
     ({"tp_size": 2, "ep_size": 2, "enable_eplb": True},
      ("expert-parallel load balancing (EPLB) is not supported",), ()),
-], ids=["expert parallel", "DP attention", "EPLB"])
+    ({"tp_size": 2, "dcp_size": 2}, ("context parallelism (size 2) is not supported",), ()),
+], ids=["expert parallel", "DP attention", "EPLB", "decode context parallel"])
 def test_parallel_layouts_read_from_server_args(tiny_model_dir, settings, reasons, notes):
     """SGLang's parallel settings, read from its own resolved ServerArgs (no engine start): expert
-    parallelism is served with its note, data-parallel attention and EPLB are handed back."""
+    parallelism is served with its note, data-parallel attention, EPLB and context parallelism are
+    handed back."""
     from sglang.srt.server_args import ServerArgs
 
     server_args = in_effect(ServerArgs(model_path=tiny_model_dir("Qwen3MoeForCausalLM"), device="cpu", **settings))

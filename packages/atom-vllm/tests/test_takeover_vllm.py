@@ -195,9 +195,9 @@ def test_vision_language_decision_reads_the_text_config(tiny_model_dir, tmp_path
 
 def test_parallel_layouts_read_from_vllm_config(tiny_model_dir):
     """vLLM's parallel settings as the glue reads them: data-parallel replicas of a MoE model (vLLM
-    shards its experts across them) are handed back, a dense model's served; expert parallelism in
-    one replica is served with its note. (EPLB: vLLM's config refuses it without CUDA; the decision
-    itself is in atom-core's test_takeover.py.)"""
+    shards its experts across them) and context parallelism are handed back, a dense model's replicas
+    served; expert parallelism in one replica is served with its note. (EPLB: vLLM's config refuses
+    it without CUDA; the decision itself is in atom-core's test_takeover.py.)"""
     moe, dense = tiny_model_dir("Qwen3MoeForCausalLM"), tiny_model_dir("Qwen3ForCausalLM")
 
     def decision(model, **settings):
@@ -209,3 +209,9 @@ def test_parallel_layouts_read_from_vllm_config(tiny_model_dir):
     assert decision(dense, data_parallel_size=2).atom_serves
     expert_parallel = decision(moe, tensor_parallel_size=2, enable_expert_parallel=True)
     assert expert_parallel.atom_serves and expert_parallel.notes == (EXPERT_PARALLEL_NOTE,)
+    # Context parallelism: vLLM would refuse to start with ATOM's attention (its DCP needs the softmax
+    # LSE from the backend, its PCP the backend's support), so the host serves.
+    assert decision(dense, tensor_parallel_size=2, prefill_context_parallel_size=2).reasons == (
+        "context parallelism (size 2) is not supported",)
+    assert decision(dense, tensor_parallel_size=4, decode_context_parallel_size=2).reasons == (
+        "context parallelism (size 2) is not supported",)

@@ -40,6 +40,7 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
         quantization=model_config.quantization,
         lora=bool(server_args.enable_lora or server_args.lora_paths),
         pipeline_parallel_size=server_args.pp_size,
+        context_parallel_size=server_args.dcp_size * server_args.attn_cp_size,
         # SGLang's --dp-size replicas are independent engines unless attention is data-parallel.
         data_parallel_attention=server_args.enable_dp_attention,
         expert_parallel=server_args.ep_size > 1,

@@ -34,6 +34,7 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
         quantization=model_config.quantization,
         lora=vllm_config.lora_config is not None,
         pipeline_parallel_size=parallel.pipeline_parallel_size,
+        context_parallel_size=parallel.decode_context_parallel_size * parallel.prefill_context_parallel_size,
         data_parallel_size=parallel.data_parallel_size,
         expert_parallel=parallel.enable_expert_parallel,
         expert_load_balancing=parallel.enable_eplb,

@@ -17,6 +17,7 @@ The reasons, in the order they are checked (each one is a function below):
 | quantization | a scheme ATOM does not serve; online FP8; MXFP4 (opt-in); MLA KV scales; any, in a VLM |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
+| context parallelism | ATOM's attention keeps each sequence's KV cache whole on every rank |
 | data parallelism | of attention (SGLang), or of experts the host shards across its replicas (vLLM) |
 | expert load balancing | ATOM's experts stay where they load (no EPLB) |
 | speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
@@ -73,6 +74,8 @@ class HostedModel:
     pipeline_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
     speculative_tokens: int = 0  # draft tokens per step, 0 without speculative decoding
+    # Ranks that split one sequence's attention and KV cache (decode / prefill context parallelism).
+    context_parallel_size: int = 1
     # Replicas whose MoE layers the host shards jointly (vLLM's data-parallel size; SGLang's replicas
     # are independent: 1).
     data_parallel_size: int = 1
@@ -134,6 +137,12 @@ def _pipeline_parallel(model: HostedModel) -> str | None:
     if model.pipeline_parallel_size <= 1:
         return None
     return f"pipeline parallelism (size {model.pipeline_parallel_size}) is not supported"
+
+
+def _context_parallel(model: HostedModel) -> str | None:
+    if model.context_parallel_size <= 1:
+        return None
+    return f"context parallelism (size {model.context_parallel_size}) is not supported"
 
 
 def _has_experts(model: HostedModel) -> bool:
@@ -211,8 +220,8 @@ def _rope(model: HostedModel) -> str | None:
 
 # The architecture comes first: the others read config keys only the supported families have.
 _CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
-    _architecture, _task, _quantization, _lora, _pipeline_parallel, _data_parallel, _expert_load_balancing,
-    _speculative, _hybrid_on_gpu, _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
+    _architecture, _task, _quantization, _lora, _pipeline_parallel, _context_parallel, _data_parallel,
+    _expert_load_balancing, _speculative, _hybrid_on_gpu, _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
 )
 
 
