@@ -167,6 +167,39 @@ def test_expert_parallelism_is_served_with_a_note(qwen3, tmp_path):
     assert dense.atom_serves and dense.notes == ()
 
 
+def block_fp8(name: str, tmp_path: Path):
+    """A published bf16 config with the block-FP8 quantization_config its FP8 sibling ships
+    (Qwen/Qwen3-30B-A3B-FP8: 128 x 128 blocks, dynamic activations)."""
+    config = json.loads((PUBLISHED / f"{name}.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return AutoConfig.from_pretrained(tmp_path)
+
+
+def test_experts_that_do_not_split_into_whole_blocks_are_handed_back(tmp_path, monkeypatch):
+    """ATOM gives every TP rank its share of each expert. Qwen3-30B-A3B-FP8's 768 rows give 192 a rank
+    at TP 4, not whole 128-row scale blocks: the host, with expert parallelism, keeps experts whole
+    and serves it; ATOM hands it back, with or without expert parallelism. TP 2 (384 rows) and bf16
+    at TP 4 split fine; so do gpt-oss's 2880 MXFP4 rows at TP 2 (1440), not at TP 4 (720 / 32)."""
+    fp8 = hosted(block_fp8("qwen3-30b-a3b", tmp_path), tensor_parallel_size=4)
+    reason = ("experts of 768 intermediate rows do not split across 4 tensor-parallel ranks in whole 128-row "
+              "blocks of the checkpoint's scales")
+    assert decide_takeover(fp8).reasons == (reason,)
+    assert decide_takeover(dataclasses.replace(fp8, expert_parallel=True)).reasons == (reason,)
+    assert decide_takeover(dataclasses.replace(fp8, tensor_parallel_size=2)).atom_serves
+    bf16 = hosted(published_config("qwen3-30b-a3b", tmp_path), tensor_parallel_size=4)
+    assert decide_takeover(bf16).atom_serves
+    assert decide_takeover(dataclasses.replace(bf16, tensor_parallel_size=5)).reasons == (
+        "experts of 768 intermediate rows do not split across 5 tensor-parallel ranks in equal parts",)
+    monkeypatch.setenv("ATOM_SERVE_MXFP4", "1")
+    gpt_oss = hosted(published_config("gpt-oss-20b", tmp_path), tensor_parallel_size=2)
+    assert decide_takeover(gpt_oss).atom_serves
+    assert decide_takeover(dataclasses.replace(gpt_oss, tensor_parallel_size=4)).reasons == (
+        "experts of 2880 intermediate rows do not split across 4 tensor-parallel ranks in whole 32-row "
+        "blocks of the checkpoint's scales",)
+
+
 def test_speculative_decoding_of_recurrent_state_is_handed_back(qwen3):
     """Qwen3-Next's Gated DeltaNet state is cached once per sequence, with no room for draft tokens;
     a model without recurrent state keeps serving under speculative decoding."""

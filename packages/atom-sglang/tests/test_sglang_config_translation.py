@@ -67,9 +67,9 @@ def test_padded_heads_are_refused():
 
 def plain_server_args() -> SimpleNamespace:
     """The server arguments the decision reads, as SGLang's defaults on a CPU set them."""
-    return SimpleNamespace(enable_lora=False, lora_paths=None, pp_size=1, kv_cache_dtype="auto", is_embedding=False,
-                           device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False, dcp_size=1,
-                           attn_cp_size=1)
+    return SimpleNamespace(enable_lora=False, lora_paths=None, tp_size=1, pp_size=1, kv_cache_dtype="auto",
+                           is_embedding=False, device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False,
+                           dcp_size=1, attn_cp_size=1)
 
 
 @pytest.mark.parametrize("settings, reasons, notes", [

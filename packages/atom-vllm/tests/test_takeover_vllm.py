@@ -30,7 +30,7 @@ from vllm_testing import (
 
 from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.models import SUPPORTED_ARCHITECTURES
-from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint
+from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint, write_tiny_fp8_checkpoint
 from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.tiny_models import VOCAB_SIZE
 from atom_vllm.config_translation import takeover_decision
@@ -215,3 +215,19 @@ def test_parallel_layouts_read_from_vllm_config(tiny_model_dir):
         "context parallelism (size 2) is not supported",)
     assert decision(dense, tensor_parallel_size=4, decode_context_parallel_size=2).reasons == (
         "context parallelism (size 2) is not supported",)
+
+
+def test_block_fp8_experts_split_in_part_blocks_are_handed_back(tiny_model_dir, tmp_path):
+    """A block-FP8 MoE whose experts would split across the TP ranks in part blocks (64 rows of
+    32-row blocks, 16 a rank at TP 4): vLLM with --enable-expert-parallel keeps experts whole and
+    serves it, so ATOM hands it back rather than fail at load; at TP 2 (one block a rank) it serves."""
+    fp8 = write_tiny_fp8_checkpoint(tiny_model_dir, "Qwen3MoeForCausalLM", str(tmp_path / "fp8"), "fp8-block")
+
+    def decision(tp: int):
+        config = EngineArgs(model=fp8, max_model_len=256, tensor_parallel_size=tp, enable_expert_parallel=True,
+                            **BF16).create_engine_config()
+        return takeover_decision(config)
+
+    assert decision(4).reasons == ("experts of 64 intermediate rows do not split across 4 tensor-parallel ranks "
+                                   "in whole 32-row blocks of the checkpoint's scales",)
+    assert decision(2).atom_serves

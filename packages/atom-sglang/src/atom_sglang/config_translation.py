@@ -39,6 +39,7 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
         dtype=model_config.dtype,
         quantization=model_config.quantization,
         lora=bool(server_args.enable_lora or server_args.lora_paths),
+        tensor_parallel_size=server_args.tp_size,
         pipeline_parallel_size=server_args.pp_size,
         context_parallel_size=server_args.dcp_size * server_args.attn_cp_size,
         # SGLang's --dp-size replicas are independent engines unless attention is data-parallel.

@@ -33,6 +33,7 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
         dtype=model_config.dtype,
         quantization=model_config.quantization,
         lora=vllm_config.lora_config is not None,
+        tensor_parallel_size=parallel.tensor_parallel_size,
         pipeline_parallel_size=parallel.pipeline_parallel_size,
         context_parallel_size=parallel.decode_context_parallel_size * parallel.prefill_context_parallel_size,
         data_parallel_size=parallel.data_parallel_size,

@@ -20,6 +20,7 @@ The reasons, in the order they are checked (each one is a function below):
 | context parallelism | ATOM's attention keeps each sequence's KV cache whole on every rank |
 | data parallelism | of attention (SGLang), or of experts the host shards across its replicas (vLLM) |
 | expert load balancing | ATOM's experts stay where they load (no EPLB) |
+| expert split | every TP rank holds its share of each expert: in whole blocks of a block-quantized checkpoint |
 | speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
 | hybrid model on a GPU | slower than the host so far (opt-in: ATOM_SERVE_HYBRID_ON_GPU=1) |
 | measured slower on a GPU | the (host, model) pairs of SLOWER_ON_GPU (opt-in: ATOM_SERVE_WHERE_SLOWER=1) |
@@ -74,6 +75,7 @@ class HostedModel:
     pipeline_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
     speculative_tokens: int = 0  # draft tokens per step, 0 without speculative decoding
+    tensor_parallel_size: int = 1
     # Ranks that split one sequence's attention and KV cache (decode / prefill context parallelism).
     context_parallel_size: int = 1
     # Replicas whose MoE layers the host shards jointly (vLLM's data-parallel size; SGLang's replicas
@@ -162,6 +164,29 @@ def _expert_load_balancing(model: HostedModel) -> str | None:
     return "expert-parallel load balancing (EPLB) is not supported" if model.expert_load_balancing else None
 
 
+def _expert_split(model: HostedModel) -> str | None:
+    """ATOM gives each TP rank 1/tp of every expert's intermediate rows (expert parallelism too), so
+    they must divide, into whole blocks of a block-FP8 or MXFP4 checkpoint's scales. The host, asked
+    for expert parallelism, keeps experts whole and serves such a split (Qwen3-30B-A3B-FP8 at TP 4:
+    192 rows a rank, against 128-row blocks); without it the host refuses it too."""
+    entry = SUPPORTED_ARCHITECTURES[model.architecture]
+    tp = model.tensor_parallel_size
+    if not entry.is_moe or tp <= 1:
+        return None
+    rows = getattr(model.hf_config, entry.expert_intermediate_key)
+    try:
+        checkpoint = quant_config_from_hf(model.hf_config)
+    except UnsupportedQuantization:  # _quantization names it
+        return None
+    scheme = checkpoint.scheme if checkpoint is not None else None
+    block = (scheme.block if isinstance(scheme, Mxfp4Scheme) else scheme.weight_block) if scheme else None
+    if rows % tp or (block and rows // tp % block):
+        whole = f"whole {block}-row blocks of the checkpoint's scales" if block else "equal parts"
+        return (f"experts of {rows} intermediate rows do not split across {tp} tensor-parallel ranks in "
+                f"{whole}")
+    return None
+
+
 def _speculative(model: HostedModel) -> str | None:
     if model.speculative_tokens and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
         return f"speculative decoding of {model.architecture}'s recurrent state is not supported"
@@ -221,7 +246,7 @@ def _rope(model: HostedModel) -> str | None:
 # The architecture comes first: the others read config keys only the supported families have.
 _CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
     _architecture, _task, _quantization, _lora, _pipeline_parallel, _context_parallel, _data_parallel,
-    _expert_load_balancing, _speculative, _hybrid_on_gpu, _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
+    _expert_load_balancing, _expert_split, _speculative, _hybrid_on_gpu, _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
 )
 
 

@@ -21,6 +21,8 @@ class ModelEntry:
     # The architecture is a vision-language model: ATOM's class is its language model, reading the
     # text config; the host keeps the vision tower and the multimodal processing.
     vision_language: bool = False
+    # A MoE family's HF config key of each routed expert's intermediate size.
+    expert_intermediate_key: str = "moe_intermediate_size"
 
 
 SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
@@ -28,9 +30,10 @@ SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
     "DeepseekV3ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV3ForCausalLM", True),
     "Glm4MoeForCausalLM": ModelEntry("atom_core.models.glm4_moe", "Glm4MoeForCausalLM", True),
     "GptOssForCausalLM": ModelEntry("atom_core.models.gpt_oss", "GptOssForCausalLM", True,
-                                       mxfp4_experts=True),
+                                       mxfp4_experts=True, expert_intermediate_key="intermediate_size"),
     "LlamaForCausalLM": ModelEntry("atom_core.models.llama", "LlamaForCausalLM", False),
-    "MixtralForCausalLM": ModelEntry("atom_core.models.mixtral", "MixtralForCausalLM", True),
+    "MixtralForCausalLM": ModelEntry("atom_core.models.mixtral", "MixtralForCausalLM", True,
+                                     expert_intermediate_key="intermediate_size"),
     "Qwen3ForCausalLM": ModelEntry("atom_core.models.qwen3", "Qwen3ForCausalLM", False),
     "Qwen3MoeForCausalLM": ModelEntry("atom_core.models.qwen3_moe", "Qwen3MoeForCausalLM", True),
     "Qwen3_5ForConditionalGeneration": ModelEntry("atom_core.models.qwen3_5", "Qwen3_5ForCausalLM", False,
