@@ -2,7 +2,7 @@
 
 An engine (``vllm serve``, ``LLM(...)`` at TP > 1, ``sglang.launch_server``) starts worker processes
 that outlive a stopped parent and keep their GPU memory: on 4 H200s the workers of a server that had
-not come up in time still held 21 GB a GPU after its API server was stopped, and the next engine on
+not come up in time still held 21 GiB a GPU after its API server was stopped, and the next engine on
 those GPUs refused to start ("Free memory on device ... is less than desired GPU memory utilization").
 Each engine therefore runs in a process group of its own, and stopping it stops the group.
 """

@@ -98,10 +98,6 @@ def _task(model: HostedModel) -> str | None:
     return None if model.generates else "ATOM serves text generation, not embedding or pooling"
 
 
-# HF config keys that give a family's routed expert count: a model with experts has one.
-_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-
-
 MXFP4_OPT_IN_REASON = ("MXFP4 experts are left to the host until ATOM's MXFP4 MoE is measurably faster "
                        "(ATOM_SERVE_MXFP4=1 serves them with ATOM)")
 
@@ -148,7 +144,8 @@ def _context_parallel(model: HostedModel) -> str | None:
 
 
 def _has_experts(model: HostedModel) -> bool:
-    return any(getattr(model.hf_config, key, None) for key in _EXPERT_COUNT_KEYS)
+    """Whether the (supported) architecture has routed experts: the checks run after _architecture."""
+    return SUPPORTED_ARCHITECTURES[model.architecture].is_moe
 
 
 def _data_parallel(model: HostedModel) -> str | None:
@@ -169,11 +166,10 @@ def _expert_split(model: HostedModel) -> str | None:
     they must divide, into whole blocks of a block-FP8 or MXFP4 checkpoint's scales. The host, asked
     for expert parallelism, keeps experts whole and serves such a split (Qwen3-30B-A3B-FP8 at TP 4:
     192 rows a rank, against 128-row blocks); without it the host refuses it too."""
-    entry = SUPPORTED_ARCHITECTURES[model.architecture]
     tp = model.tensor_parallel_size
-    if not entry.is_moe or tp <= 1:
+    if not _has_experts(model) or tp <= 1:
         return None
-    rows = getattr(model.hf_config, entry.expert_intermediate_key)
+    rows = getattr(model.hf_config, SUPPORTED_ARCHITECTURES[model.architecture].expert_intermediate_key)
     try:
         checkpoint = quant_config_from_hf(model.hf_config)
     except UnsupportedQuantization:  # _quantization names it
