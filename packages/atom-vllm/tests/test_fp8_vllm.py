@@ -1,22 +1,26 @@
-"""FP8 checkpoints served by ATOM through real vLLM (CPU, tiny models written in the published
-layouts, atom_core.testing.fp8_checkpoints).
-
-vLLM runs FP8 checkpoints in bfloat16 only. The reference is ATOM's model alone in bfloat16 on the
-same checkpoint (atom_core.testing.reference.atom_logits; its float32 logits match HF transformers
-within FP8 rounding, see atom-core's test_fp8_parity.py): prompt log-probabilities within bfloat16
-rounding, and the greedy tokens. vLLM alone runs each cell beside it; where it serves the format on
-this machine, its prompt log-probabilities must be those of the same model, else its error is
-recorded. (In bfloat16 a rounding difference before an FP8 activation quantization moves that value
-by a whole FP8 step, 6 %, about once in 16 values: two correct implementations differ by up to
-~0.3 in log-probability on these tiny random models, and their greedy sequences part after a few
-tokens.) The cells and outcomes are printed as a table at the end of the module.
+"""FP8 checkpoints served by ATOM through real vLLM (CPU, tiny models written in the published layouts,
+atom_core.testing.fp8_checkpoints). vLLM runs FP8 checkpoints in bfloat16 only. The reference is
+ATOM's model alone in bfloat16 on the same checkpoint (atom_core.testing.reference.atom_logits; its
+float32 logits match HF transformers within FP8 rounding, see atom-core's test_fp8_parity.py):
+prompt log-probabilities within bfloat16 rounding (within the tolerance between two kernels where
+vLLM's CPU attention serves a hybrid's full-attention layers: vllm_testing.bf16_logprob_tolerance),
+and the first greedy tokens (or a near tie, within that tolerance). vLLM alone runs each cell beside
+it; where it serves the format on this machine, its prompt log-probabilities must be those of the
+same model, else its error is recorded. (In bfloat16 a rounding difference before an FP8 activation
+quantization moves that value by a whole FP8 step, 6 %, about once in 16 values: two correct
+implementations differ by up to ~0.3 in log-probability on these tiny random models, and their
+greedy sequences part after a few tokens.) The cells and outcomes are printed as a table at the end
+of the module.
 """
 
 import pytest
 import torch
 from vllm_testing import (
+    OTHER_KERNELS_TOLERANCE,
     VllmRunFailed,
     assert_atom_served,
+    assert_first_tokens_near_greedy,
+    bf16_logprob_tolerance,
     error_line,
     prompts,
     run_with_and_without_atom,
@@ -30,12 +34,6 @@ from atom_core.testing.reference import atom_greedy, atom_logits
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 12
-# bfloat16 keeps 8 mantissa bits; vLLM's paged attention and ATOM's standalone attention sum in
-# different orders, so log-probabilities differ by a few bf16 ulps of the logits.
-LOGPROB_TOLERANCE = 0.06
-# Between vLLM alone's FP8 kernels and ATOM's (see the module docstring); a misapplied scale is off
-# by whole units.
-OTHER_KERNELS_TOLERANCE = 0.5
 TABLE: list[tuple[str, str, str]] = []
 
 CELLS = {
@@ -68,13 +66,15 @@ def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
     if isinstance(with_atom, VllmRunFailed):
         raise with_atom
     assert_atom_served(with_atom)
-    worst = worst_prompt_logprob_diff(with_atom["phases"][0], phase, atom_logits(model, torch.bfloat16))
-    assert worst < LOGPROB_TOLERANCE, f"prompt logprob differs by {worst:.3f}"
+    reference = atom_logits(model, torch.bfloat16)
+    worst = worst_prompt_logprob_diff(with_atom["phases"][0], phase, reference)
+    tolerance = bf16_logprob_tolerance(with_atom)
+    assert worst < tolerance, f"prompt logprob differs by {worst:.3f}"
+    assert_first_tokens_near_greedy(with_atom["phases"][0], phase, reference, tolerance)
     expected_tokens = atom_greedy(model, phase, MAX_TOKENS, torch.bfloat16)
     got = tokens_of(with_atom)
-    assert [t[0] for t in got] == [t[0] for t in expected_tokens]
     same = sum(a == b for a, b in zip(got, expected_tokens))
-    outcome = f"prompt logprobs within {LOGPROB_TOLERANCE}; {same}/{len(got)} greedy sequences equal ATOM alone's"
+    outcome = f"prompt logprobs within {tolerance}; {same}/{len(got)} greedy sequences equal ATOM alone's"
     if isinstance(alone, VllmRunFailed):
         TABLE.append((cell, outcome, f"stops: {error_line(alone)[:70]}"))
         return

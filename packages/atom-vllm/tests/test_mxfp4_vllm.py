@@ -11,7 +11,14 @@ its MXFP4 MoE is not yet measurably faster than vLLM's on a GPU).
 
 import pytest
 import torch
-from vllm_testing import assert_atom_served, prompts, run_vllm, tokens_of, worst_prompt_logprob_diff
+from vllm_testing import (
+    LOGPROB_TOLERANCE,
+    assert_atom_served,
+    prompts,
+    run_vllm,
+    tokens_of,
+    worst_prompt_logprob_diff,
+)
 
 from atom_core.testing.mxfp4_checkpoints import TINY_MXFP4_OVERRIDES, write_mxfp4_checkpoint
 from atom_core.testing.reference import atom_greedy, atom_logits
@@ -19,7 +26,6 @@ from atom_core.testing.reference import atom_greedy, atom_logits
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 8
-LOGPROB_TOLERANCE = 0.06  # as test_fp8_vllm.py: vLLM's and ATOM's attention sum in other orders
 
 
 def test_gpt_oss_mxfp4_served_by_atom(tiny_model_dir, tmp_path):

@@ -14,6 +14,7 @@ import torch
 from test_vllm_parity import make_prompts, tokens_of
 from vllm_testing import (
     ALONE,
+    CPU_HYBRID_ATTENTION,
     hf_greedy,
     run_vllm,
     run_with_and_without_atom,
@@ -63,7 +64,7 @@ def assert_atom_serves_the_state(result) -> None:
     assert "ATOM hands" not in result["log"]
     if not torch.cuda.is_available():
         # vLLM's CPU runner zeroes reused attention blocks in its own backend's layout only.
-        assert "vLLM's CPU attention serves the full-attention layers of this hybrid model" in result["log"]
+        assert CPU_HYBRID_ATTENTION in result["log"]
 
 
 def test_chunked_prefill_and_mixed_decode_match_hf(model, prompts):

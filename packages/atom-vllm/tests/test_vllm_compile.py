@@ -6,10 +6,10 @@ import re
 
 import pytest
 import torch
-from test_fp8_vllm import LOGPROB_TOLERANCE
 from test_fp8_vllm import MAX_TOKENS as FP8_MAX_TOKENS
 from test_vllm_parity import MAX_TOKENS, make_prompts
 from vllm_testing import (
+    LOGPROB_TOLERANCE,
     assert_atom_served,
     hf_greedy,
     prompts,

@@ -38,6 +38,28 @@ needs_torchvision = pytest.mark.skipif(importlib.util.find_spec("torchvision") i
                                        reason="vLLM's vision-language processors need torchvision")
 RESULT_MARKER = "VLLM_RUNNER_RESULT "
 
+# Prompt log-probabilities of vLLM + ATOM against ATOM alone, both in bfloat16 (vLLM runs FP8 and
+# MXFP4 checkpoints in bf16 only), where ATOM's kernels ran the whole model: bf16 rounding.
+LOGPROB_TOLERANCE = 0.06
+# Between two implementations' kernels in bf16 on a quantized checkpoint: a rounding difference
+# before an FP8 activation quantization moves that value by a whole FP8 step (6 %), about once in 16
+# values, so two correct implementations differ by up to ~0.3 in log-probability on the tiny random
+# models; a misapplied scale is off by whole units.
+OTHER_KERNELS_TOLERANCE = 0.5
+# Logged by atom_vllm.platform when the hybrids' full-attention layers stay on vLLM's CPU attention.
+CPU_HYBRID_ATTENTION = "vLLM's CPU attention serves the full-attention layers of this hybrid model"
+
+
+def bf16_logprob_tolerance(result: dict) -> float:
+    """The tolerance of a bf16 run's prompt log-probabilities against ATOM alone's:
+    :data:`LOGPROB_TOLERANCE`, or :data:`OTHER_KERNELS_TOLERANCE` where vLLM's CPU attention served
+    a hybrid model's full-attention layers. Its bf16 sums differ from ATOM's by an ulp (0.016 at the
+    first such layer of the tiny Qwen3-Next), and on an FP8 checkpoint the next activation
+    quantization turns those ulps into whole FP8 steps: 0.11 in log-probability on the tiny
+    Qwen3-Next, 0.33 on Qwen3.5-MoE, on CPUs where vLLM's attention kernels (chosen per instruction
+    set) round differently from ATOM's."""
+    return OTHER_KERNELS_TOLERANCE if CPU_HYBRID_ATTENTION in result["log"] else LOGPROB_TOLERANCE
+
 
 class VllmRunFailed(AssertionError):
     """A vLLM run that ended without a result; ``log`` holds all it printed."""
@@ -149,6 +171,18 @@ def worst_prompt_logprob_diff(outputs: list[dict], prompts: list[list[int]], log
 
     return max(abs(a - b) for output, prompt in zip(outputs, prompts, strict=True)
                for a, b in zip(output["prompt_logprobs"], prompt_logprobs(logits_of(prompt), prompt)))
+
+
+def assert_first_tokens_near_greedy(outputs: list[dict], prompts: list[list[int]], logits_of,
+                                    tolerance: float) -> None:
+    """Each engine's first generated token is the reference's greedy pick, or one whose
+    log-probability under ``logits_of(prompt)`` lies within ``tolerance`` of it (a near tie that the
+    two sides' rounding may break either way)."""
+    for output, prompt in zip(outputs, prompts, strict=True):
+        logprobs = logits_of(prompt)[-1].float().log_softmax(-1)
+        token = output["tokens"][0]
+        assert logprobs[token] > logprobs.max() - tolerance, (
+            f"first token {token} is {float(logprobs.max() - logprobs[token]):.3f} below the greedy pick")
 
 
 def assert_atom_served(result: dict) -> None:
