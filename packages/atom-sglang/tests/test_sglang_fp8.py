@@ -116,3 +116,57 @@ def test_compressed_tensors_kv_scales_are_left_to_sglang(tiny_model_dir, tmp_pat
         KV_SCALES, "compressed-tensors")
     server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
     assert takeover_decision(server_args, ModelConfig.from_server_args(server_args)).reasons == (CT_KV_SCALES_REASON,)
+
+
+
+# Prompts are prefilled in chunks of CHUNK tokens: the later chunks attend over the FP8 cache.
+CHUNK = 16
+# Per layer (K, V), powers of two: SGLang divides K/V by them in the model's dtype before the e4m3
+# rounding, exactly for these (other scales add a bf16 rounding first, which moves bf16 results by
+# ~0.1 in log-probability). Coarse, so that the cache rounds on e4m3's subnormal steps and its
+# values depend on the scales.
+POWER_OF_TWO_KV_SCALES = [(32.0, 16.0), (16.0, 64.0), (64.0, 32.0)]
+
+
+def test_fp8_checkpoint_kv_scales_in_the_fp8_cache(tiny_model_dir, tmp_path):
+    """``quant_method: fp8`` checkpoints with KV scales (``k_proj.k_scale`` / ``v_proj.v_scale``;
+    the legacy ``kv_scale``, which serves V too) under ``--kv-cache-dtype fp8_e4m3``, in bf16
+    (SGLang's only dtype for FP8 checkpoints), prompts prefilled in 16-token chunks: prompt
+    log-probabilities are those of ATOM alone over an e4m3 cache at the checkpoint's scales
+    (atom_core.testing.reference.fp8_kv_cache_semantics), and differ from the same cache at scale
+    1.0 and from a 16-bit cache. The weights have std 0.05, as in the MLA test above."""
+    from atom_sglang.version import cpu_fp8_kv_cache_needs_intel_amx
+
+    if cpu_fp8_kv_cache_needs_intel_amx():
+        pytest.skip("SGLang 0.5.20 and later serve an FP8 KV cache on CPU with their intel_amx attention only "
+                    "(on CPUs with AMX), with or without ATOM")
+
+    def smooth(architecture, **overrides):
+        return tiny_model_dir(architecture, std=0.05, **overrides)
+
+    prompts = [list(range(4, 44)), list(range(100, 157))]
+    cells = {"fp8-proj": POWER_OF_TWO_KV_SCALES, "legacy": [(k, k) for k, _ in POWER_OF_TWO_KV_SCALES]}
+    models = {layout: add_kv_cache_scales(
+        write_tiny_fp8_checkpoint(smooth, "Qwen3ForCausalLM", str(tmp_path / layout), "fp8-tensor"),
+        POWER_OF_TWO_KV_SCALES, layout) for layout in cells}
+    engine_kwargs = {"dtype": "bfloat16", "kv_cache_dtype": "fp8_e4m3", "chunked_prefill_size": CHUNK}
+    # One prompt a phase: each starts its own chunks, the first CHUNK tokens over fresh K/V.
+    jobs = [([{"model": model, "phases": [[prompt] for prompt in prompts], "max_tokens": 1, "prompt_logprobs": True,
+               "engine_kwargs": engine_kwargs}], {}) for model in models.values()]
+    for (layout, scales), [result] in zip(cells.items(), run_sglang(*jobs)):
+        assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
+        model = models[layout]
+
+        def off_by(reference) -> float:
+            return max(abs(a - b) for prompt, [output] in zip(prompts, result["phases"])
+                       for a, b in zip(prompt_logprobs(reference(prompt), prompt), output["prompt_logprobs"]))
+
+        with fp8_kv_cache_semantics(CHUNK, scales):
+            error = off_by(atom_logits(model, torch.bfloat16))
+        with fp8_kv_cache_semantics(CHUNK):
+            unscaled_error = off_by(atom_logits(model, torch.bfloat16))
+        sixteen_bit_error = off_by(atom_logits(model, torch.bfloat16))
+        print(f"{layout}: off the scaled FP8-cache reference by {error:.2e}, off scale 1.0 by "
+              f"{unscaled_error:.2e}, off a 16-bit cache by {sixteen_bit_error:.2e}")
+        assert error < 0.01
+        assert min(unscaled_error, sixteen_bit_error) > 0.05
