@@ -65,7 +65,8 @@ def test_atom_matches_hf_with_chunked_prefill_and_prefix_cache(case):
     cached = [o["num_cached_tokens"] for o in result["phases"][1]]
     if not all(n >= 32 for n in cached) and architecture in SLIDING_WINDOW and vllm_release() >= (0, 32):
         pytest.xfail(f"vLLM 0.32 gives a phase-2 prompt of this sliding-window model no prefix-cache hit "
-                     f"(cached tokens {cached}; not analysed)")
+                     f"(cached tokens {cached}), as it gives a sliding-window Mistral of its own "
+                     f"(docs/host-versions.md)")
     assert all(n >= 32 for n in cached), cached
 
 
