@@ -24,7 +24,8 @@ sync_newest_vllm_env() {
 # torchvision there), the OpenAI-server soak and the wheel install (slow; host-independent).
 NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm.py test_mla_backend.py
     test_mla_vllm_parity.py test_qwen3_next_vllm.py test_takeover_vllm.py test_kv_cache_fp8_vllm.py
-    test_fp8_vllm.py test_mxfp4_vllm.py test_openai_server.py test_attention_warmup.py test_vllm_compile.py)
+    test_fp8_vllm.py test_mxfp4_vllm.py test_openai_server.py test_attention_warmup.py test_vllm_compile.py
+    test_speculative_vllm.py)
 sync_sglang_env() {
     UV_PROJECT_ENVIRONMENT=.venv-sglang uv sync --frozen --package atom-sglang --group dev
 }

@@ -202,12 +202,20 @@ def test_experts_that_do_not_split_into_whole_blocks_are_handed_back(tmp_path, m
 
 def test_speculative_decoding_of_recurrent_state_is_handed_back(qwen3):
     """Qwen3-Next's Gated DeltaNet state is cached once per sequence, with no room for draft tokens;
-    a model without recurrent state keeps serving under speculative decoding."""
-    qwen3_next = hosted(tiny_hf_config("Qwen3NextForCausalLM"), speculative_tokens=2)
+    a model without recurrent state keeps serving under vLLM's n-gram speculation."""
+    qwen3_next = hosted(tiny_hf_config("Qwen3NextForCausalLM"), speculative_method="ngram")
     assert decide_takeover(qwen3_next).reasons == (
         "speculative decoding of Qwen3NextForCausalLM's recurrent state is not supported",)
-    assert decide_takeover(dataclasses.replace(qwen3_next, speculative_tokens=0)).atom_serves
-    assert decide_takeover(dataclasses.replace(qwen3, speculative_tokens=2)).atom_serves
+    assert decide_takeover(dataclasses.replace(qwen3_next, speculative_method=None)).atom_serves
+    assert decide_takeover(dataclasses.replace(qwen3, speculative_method="ngram")).atom_serves
+
+
+@pytest.mark.parametrize("host,method", [("vLLM", "eagle"), ("vLLM", "eagle3"), ("vLLM", "mtp"),
+                                         ("vLLM", "draft_model"), ("SGLang", "EAGLE3"), ("SGLang", "NGRAM")])
+def test_speculative_decoding_with_a_draft_model_is_handed_back(qwen3, host, method):
+    model = dataclasses.replace(qwen3, host=host, speculative_method=method)
+    assert decide_takeover(model).reasons == (
+        f"speculative decoding by '{method}' is not supported (ATOM serves vLLM's n-gram proposer only)",)
 
 
 def test_hybrid_models_on_a_gpu_are_opt_in(qwen3, monkeypatch):

@@ -69,7 +69,7 @@ def plain_server_args() -> SimpleNamespace:
     """The server arguments the decision reads, as SGLang's defaults on a CPU set them."""
     return SimpleNamespace(enable_lora=False, lora_paths=None, tp_size=1, pp_size=1, kv_cache_dtype="auto",
                            is_embedding=False, device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False,
-                           dcp_size=1, attn_cp_size=1)
+                           dcp_size=1, attn_cp_size=1, speculative_algorithm=None)
 
 
 @pytest.mark.parametrize("settings, reasons, notes", [
@@ -78,11 +78,13 @@ def plain_server_args() -> SimpleNamespace:
     ({"tp_size": 2, "ep_size": 2, "enable_eplb": True},
      ("expert-parallel load balancing (EPLB) is not supported",), ()),
     ({"tp_size": 2, "dcp_size": 2}, ("context parallelism (size 2) is not supported",), ()),
-], ids=["expert parallel", "DP attention", "EPLB", "decode context parallel"])
+    ({"speculative_algorithm": "NGRAM"},
+     ("speculative decoding by 'NGRAM' is not supported (ATOM serves vLLM's n-gram proposer only)",), ()),
+], ids=["expert parallel", "DP attention", "EPLB", "decode context parallel", "n-gram speculation"])
 def test_parallel_layouts_read_from_server_args(tiny_model_dir, settings, reasons, notes):
     """SGLang's parallel settings, read from its own resolved ServerArgs (no engine start): expert
     parallelism is served with its note, data-parallel attention, EPLB and context parallelism are
-    handed back."""
+    handed back; so is speculative decoding (SGLang's n-gram verifies a token tree with its own mask)."""
     from sglang.srt.server_args import ServerArgs
 
     server_args = in_effect(ServerArgs(model_path=tiny_model_dir("Qwen3MoeForCausalLM"), device="cpu", **settings))

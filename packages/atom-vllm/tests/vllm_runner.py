@@ -79,6 +79,10 @@ def main() -> None:
         "scheduler": {"enable_chunked_prefill": scheduler.enable_chunked_prefill,
                       "max_num_batched_tokens": scheduler.max_num_batched_tokens},
     }
+    if not kwargs.get("disable_log_stats", True):
+        # Counters only (speculative decoding's drafted and accepted tokens, ...).
+        result["counters"] = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")
+                              and isinstance(m.value, int)}
     print(RESULT_MARKER + json.dumps(result), flush=True)
 
 

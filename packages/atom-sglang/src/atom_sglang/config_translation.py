@@ -47,6 +47,7 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
         expert_parallel=server_args.ep_size > 1,
         expert_load_balancing=server_args.enable_eplb,
         kv_cache_dtype=server_args.kv_cache_dtype,
+        speculative_method=server_args.speculative_algorithm,
         generates=not server_args.is_embedding,
         device=server_args.device,
     )

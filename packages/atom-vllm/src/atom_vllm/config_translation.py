@@ -40,8 +40,7 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
         expert_parallel=parallel.enable_expert_parallel,
         expert_load_balancing=parallel.enable_eplb,
         kv_cache_dtype=vllm_config.cache_config.cache_dtype,
-        speculative_tokens=(vllm_config.speculative_config.num_speculative_tokens or 0
-                            if vllm_config.speculative_config else 0),
+        speculative_method=vllm_config.speculative_config.method if vllm_config.speculative_config else None,
         generates=model_config.runner_type == "generate" and model_config.convert_type == "none",
         device=vllm_config.device_config.device_type,
     )

@@ -21,7 +21,7 @@ The reasons, in the order they are checked (each one is a function below):
 | data parallelism | of attention (SGLang), or of experts the host shards across its replicas (vLLM) |
 | expert load balancing | ATOM's experts stay where they load (no EPLB) |
 | expert split | every TP rank holds its share of each expert: in whole blocks of a block-quantized checkpoint |
-| speculative decoding | of recurrent-state models (Qwen3-Next): ATOM keeps one state per sequence, none per draft |
+| speculative decoding | but vLLM's n-gram (drafts are host layers); any of Qwen3-Next (one state a sequence) |
 | hybrid model on a GPU | slower than the host so far (opt-in: ATOM_SERVE_HYBRID_ON_GPU=1) |
 | measured slower on a GPU | the (host, model) pairs of SLOWER_ON_GPU (opt-in: ATOM_SERVE_WHERE_SLOWER=1) |
 | KV-cache dtype | ATOM's attention keeps the cache in the model dtype or in FP8 e4m3 |
@@ -74,7 +74,7 @@ class HostedModel:
     lora: bool = False
     pipeline_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
-    speculative_tokens: int = 0  # draft tokens per step, 0 without speculative decoding
+    speculative_method: str | None = None  # the host's proposer ("ngram", "eagle3", "mtp", "NEXTN", ...)
     tensor_parallel_size: int = 1
     # Ranks that split one sequence's attention and KV cache (decode / prefill context parallelism).
     context_parallel_size: int = 1
@@ -183,9 +183,23 @@ def _expert_split(model: HostedModel) -> str | None:
     return None
 
 
+# The speculative decoding ATOM's models serve: vLLM's n-gram proposer, which needs no draft model
+# (the target verifies the draft tokens as a short extend; tokens equal HF's on CPU). Every other
+# proposer is handed back: a draft model (EAGLE, EAGLE-3, MTP, a second model) is built of the host's
+# own layers, which would get ATOM's attention backends (DeepSeek's MTP layers are vLLM's MLA layers,
+# on which ATOM's MLA backend fails at start-up), and EAGLE-3 reads hidden states through hooks of
+# the host's own model classes; SGLang's n-gram verifies a token tree with its own attention mask.
+SERVED_SPECULATION = {("vLLM", "ngram")}
+
+
 def _speculative(model: HostedModel) -> str | None:
-    if model.speculative_tokens and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
+    method = model.speculative_method
+    if method is None:
+        return None
+    if SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
         return f"speculative decoding of {model.architecture}'s recurrent state is not supported"
+    if (model.host, method.lower()) not in SERVED_SPECULATION:
+        return f"speculative decoding by '{method}' is not supported (ATOM serves vLLM's n-gram proposer only)"
     return None
 
 
