@@ -10,6 +10,7 @@ without ATOM did not start with it.
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -49,11 +50,7 @@ def with_mtp_layer(source: str, out_dir: str) -> str:
     carry it (``num_nextn_predict_layers: 1``; layer N = ``num_hidden_layers``: a decoder layer, here
     a copy of the last one, with ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head`` and its own
     ``embed_tokens``)."""
-    os.makedirs(out_dir, exist_ok=True)
-    for name in os.listdir(source):
-        if name != "model.safetensors":
-            with open(os.path.join(source, name), "rb") as f, open(os.path.join(out_dir, name), "wb") as g:
-                g.write(f.read())
+    shutil.copytree(source, out_dir, ignore=shutil.ignore_patterns("model.safetensors"))
     with open(os.path.join(out_dir, "config.json")) as f:
         config = json.load(f)
     config["num_nextn_predict_layers"] = 1
