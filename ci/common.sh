@@ -11,6 +11,12 @@ if ! command -v uv >/dev/null 2>&1; then
     hash -r
 fi
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# Bytecode is cached even where the environment turns it off (PYTHONDONTWRITEBYTECODE, and uv installs
+# no .pyc): every engine the tests start is a fresh interpreter, which would otherwise compile the
+# ~8,600 modules of torch, vLLM and transformers again (18 of the 36 s a tiny model's vLLM start takes
+# on a 2-core machine). Kept outside the environments and the source tree.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$PWD/.cache/pycache}"
 sync_vllm_env() {
     uv sync --frozen --package atom-vllm --extra cpu --group dev
 }

@@ -15,8 +15,10 @@ RESULT_MARKER = "SGLANG_RUNNER_RESULT "
 READY_MARKER = "SGLANG_RUNNER_ENGINE_READY"
 # Every SGLang engine spawns fresh interpreters that import all of SGLang; with bytecode caching off
 # (PYTHONDONTWRITEBYTECODE, no .pyc in the environment) each one compiles it again. The engine
-# processes of the tests share one bytecode cache outside the environment instead.
-PYCACHE_DIR = os.path.join(tempfile.gettempdir(), "atom-sglang-tests-pycache")
+# processes of the tests share one bytecode cache outside the environment instead: the caller's
+# (ci/common.sh sets one), else one in the temporary directory.
+PYCACHE_DIR = os.environ.get("PYTHONPYCACHEPREFIX") or os.path.join(tempfile.gettempdir(),
+                                                                     "atom-sglang-tests-pycache")
 
 
 def sglang_env(cpu_engine: bool = True, **overrides: str) -> dict[str, str]:
