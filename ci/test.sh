@@ -15,7 +15,8 @@ sync_vllm_env
 # models' 256-token contexts.
 sync_newest_vllm_env
 VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "$NEWEST_VLLM_ENV/bin/pytest" -q -n 2 --dist loadfile -p no:cacheprovider \
-    "${NEWEST_VLLM_SUITES[@]/#/packages/atom-vllm/tests/}" "$@"
+    "${NEWEST_VLLM_SUITES[@]/#/packages/atom-vllm/tests/}" \
+    "${NEWEST_VLLM_REPEATED_CELLS[@]/#/--deselect=packages/atom-vllm/tests/}" "$@"
 # HF config reading again on the oldest transformers vLLM accepts.
 sync_oldest_transformers
 PYTHONPATH="$OLDEST_TRANSFORMERS" .venv/bin/pytest -q -p no:cacheprovider packages/atom-core/tests/test_takeover.py "$@"
