@@ -45,7 +45,8 @@ NEWEST_VLLM_REPEATED_CELLS=(
     "test_mla_vllm_parity.py::test_atom_mla_matches_hf_with_prefix_cache[DeepseekV2ForCausalLM]"
     "test_mla_vllm_parity.py::test_atom_mla_with_forced_chunked_prefill[DeepseekV2ForCausalLM]"
     "test_takeover_vllm.py::test_handed_back_cells_end_as_vllm_alone[dynamic rope]"
-    "test_fp8_vllm.py::test_fp8_checkpoint_served_by_atom[Qwen3-MoE, block FP8]")
+    "test_fp8_vllm.py::test_fp8_checkpoint_served_by_atom[Qwen3-MoE, block FP8]"
+    "test_mla_vllm_parity.py::test_atom_mla_tensor_parallel_2_with_expert_parallel")
 sync_sglang_env() {
     UV_PROJECT_ENVIRONMENT=.venv-sglang uv sync --frozen --package atom-sglang --group dev
 }

@@ -12,7 +12,6 @@ vLLM's own implementation where it runs. GPT-OSS also runs at TP=2 (two CPU work
 two GPUs over NCCL).
 """
 
-import os
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from transformers import AutoConfig
 from vllm.config import set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-from vllm_testing import hf_greedy, run_vllm, skip_moe_alone_on_new_cpu_vllm
+from vllm_testing import hf_greedy, run_vllm, skip_moe_alone_on_new_cpu_vllm, tensor_parallel_2
 
 from atom_core import Config
 from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
@@ -92,27 +91,15 @@ def test_native_vllm_matches_hf(case):
 def test_gpt_oss_tensor_parallel_2(tiny_model_dir, expert_parallel):
     """With ``--enable-expert-parallel`` too: ATOM still splits each expert across the two ranks
     (atom_core.hosting.takeover), says so, and gives the same tokens."""
-    on_cuda = torch.cuda.is_available()
-    cpus = sorted(os.sched_getaffinity(0))
-    if on_cuda and torch.cuda.device_count() < 2:
-        pytest.skip("TP=2 on CUDA needs two GPUs")
-    if not on_cuda and len(cpus) < 2:
-        pytest.skip("TP=2 on CPU needs two cores, one per worker")
     architecture = "GptOssForCausalLM"
     model = tiny_model_dir(architecture)
     phase1, phase2 = make_prompts()
-    result = run_vllm(
-        model, [phase1, phase2], MAX_TOKENS,
-        # Each CPU worker binds its OpenMP threads to one core (vLLM's automatic binding wants one
-        # NUMA node per worker).
-        env={"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"},
-        llm_kwargs={"tensor_parallel_size": 2, "distributed_executor_backend": "mp",
-                    "enable_expert_parallel": expert_parallel, **CHUNKED},
-    )
+    result = run_vllm(model, [phase1, phase2], MAX_TOKENS,
+                      **tensor_parallel_2(enable_expert_parallel=expert_parallel, **CHUNKED))
     assert result["served_by"]["model_class"] == wrapper_of(architecture)
     assert (f"ATOM serves {architecture} on vLLM: {EXPERT_PARALLEL_NOTE}" in result["log"]) == expert_parallel
     assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
-    assert f"backend={'nccl' if on_cuda else 'gloo'}" in result["log"]
+    assert f"backend={'nccl' if torch.cuda.is_available() else 'gloo'}" in result["log"]
     assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
     # Both workers built the ATOM model on their half: each holds well under the whole model.
     full = sum(p.numel() for p in whole_model(model).parameters())

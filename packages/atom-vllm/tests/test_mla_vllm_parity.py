@@ -3,14 +3,16 @@ HF transformers', with prefix caching and with forced chunked prefill.
 
 vLLM alone cannot serve MLA on CPU (its CPU platform has no MLA backend), so there is no
 vLLM-without-ATOM comparison here: on CPU the last test checks that refusal instead of assuming it.
-Prompts, lengths and the shared-prefix second phase are test_vllm_parity's.
+Prompts, lengths and the shared-prefix second phase are test_vllm_parity's. DeepSeek-V3 also runs at
+TP=2 with expert parallelism (two CPU workers over gloo, or two GPUs over NCCL).
 """
 
 import pytest
 import torch
 from test_vllm_parity import MAX_TOKENS, make_prompts, parity_case, tokens_of
-from vllm_testing import hf_greedy, run_vllm
+from vllm_testing import hf_greedy, run_vllm, tensor_parallel_2
 
+from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_vllm.version import vllm_release
 
 pytestmark = pytest.mark.vllm
@@ -62,6 +64,19 @@ def test_atom_mla_under_atom_piecewise_compile(tiny_model_dir, tmp_path):
                       llm_kwargs={"enforce_eager": False, "additional_config": {"atom_compilation_level": 3}})
     assert_served_by_atom_mla(result)
     assert "INFO atom: torch.compile: 3 attention split points, 4 compiled pieces" in result["log"]
+    assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
+
+
+def test_atom_mla_tensor_parallel_2_with_expert_parallel(tiny_model_dir):
+    """Each rank holds half the heads (its share of q_b / kv_b / o_proj, the latent cache whole) and
+    half of every expert, as ATOM serves --enable-expert-parallel; the tokens stay HF's. The setting
+    behind the GPU runs at TP 4 (docs/performance.md)."""
+    model = tiny_model_dir("DeepseekV3ForCausalLM")
+    phase1, phase2 = make_prompts()
+    result = run_vllm(model, [phase1, phase2], MAX_TOKENS, **tensor_parallel_2(enable_expert_parallel=True))
+    assert_served_by_atom_mla(result)
+    assert f"ATOM serves DeepseekV3ForCausalLM on vLLM: {EXPERT_PARALLEL_NOTE}" in result["log"]
+    assert all(f"DeepseekV3ForCausalLM: TP rank {rank} of 2 holds" in result["log"] for rank in (0, 1))
     assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
 
 

@@ -32,6 +32,23 @@ def skip_moe_alone_on_new_cpu_vllm(is_moe: bool) -> None:
         pytest.skip(NO_FP32_MOE_ALONE)
 
 
+def tensor_parallel_2(**llm_kwargs) -> dict:
+    """run_vllm's keyword arguments for TP=2: two GPUs over NCCL, or two CPU workers over gloo, each
+    binding its OpenMP threads to one core (vLLM's automatic binding wants one NUMA node per worker).
+    Skips where the machine has neither."""
+    env = {}
+    if torch.cuda.is_available():
+        if torch.cuda.device_count() < 2:
+            pytest.skip("TP=2 on CUDA needs two GPUs")
+    else:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            pytest.skip("TP=2 on CPU needs two cores, one per worker")
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"{cpus[0]}|{cpus[1]}"
+    return {"env": env,
+            "llm_kwargs": {"tensor_parallel_size": 2, "distributed_executor_backend": "mp", **llm_kwargs}}
+
+
 # vLLM's Qwen3.5 and Kimi processors import torchvision, which the vLLM 0.32 CPU environment lacks
 # (PyPI has no CPU build of it for torch 2.13).
 needs_torchvision = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
