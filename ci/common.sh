@@ -47,6 +47,15 @@ NEWEST_VLLM_REPEATED_CELLS=(
     "test_takeover_vllm.py::test_handed_back_cells_end_as_vllm_alone[dynamic rope]"
     "test_fp8_vllm.py::test_fp8_checkpoint_served_by_atom[Qwen3-MoE, block FP8]"
     "test_mla_vllm_parity.py::test_atom_mla_tensor_parallel_2_with_expert_parallel")
+# The engine-level vLLM suites in ENV (a host environment other than .venv), as CI runs them on the
+# newest vLLM. vLLM from 0.27 refuses a max_model_len past a config's max_position_embeddings unless
+# told; 0.26 allowed the tiny models' 256-token contexts.
+run_vllm_engine_suites() {  # ENV [PYTEST ARGS...]
+    local env=$1; shift
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "$env/bin/pytest" -q -n 2 --dist loadfile -p no:cacheprovider \
+        "${NEWEST_VLLM_SUITES[@]/#/packages/atom-vllm/tests/}" \
+        "${NEWEST_VLLM_REPEATED_CELLS[@]/#/--deselect=packages/atom-vllm/tests/}" "$@"
+}
 sync_sglang_env() {
     UV_PROJECT_ENVIRONMENT=.venv-sglang uv sync --frozen --package atom-sglang --group dev
 }

@@ -10,13 +10,9 @@ sync_vllm_env
 .venv/bin/pytest -q packages/atom-kernels/tests "$@"
 # Two workers, each test file whole on one (its module fixtures build once).
 .venv/bin/pytest -q -n 2 --dist loadfile packages/atom-core/tests packages/atom-vllm/tests "$@"
-# The engine-level vLLM suites again on the newest supported vLLM with a CPU build (0.32). vLLM 0.32
-# refuses a max_model_len past a config's max_position_embeddings unless told; 0.26 allowed the tiny
-# models' 256-token contexts.
+# The engine-level vLLM suites again on the newest supported vLLM with a CPU build (0.32).
 sync_newest_vllm_env
-VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "$NEWEST_VLLM_ENV/bin/pytest" -q -n 2 --dist loadfile -p no:cacheprovider \
-    "${NEWEST_VLLM_SUITES[@]/#/packages/atom-vllm/tests/}" \
-    "${NEWEST_VLLM_REPEATED_CELLS[@]/#/--deselect=packages/atom-vllm/tests/}" "$@"
+run_vllm_engine_suites "$NEWEST_VLLM_ENV" "$@"
 # HF config reading again on the oldest transformers vLLM accepts.
 sync_oldest_transformers
 PYTHONPATH="$OLDEST_TRANSFORMERS" .venv/bin/pytest -q -p no:cacheprovider packages/atom-core/tests/test_takeover.py "$@"

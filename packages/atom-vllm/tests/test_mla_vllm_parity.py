@@ -80,8 +80,8 @@ def test_atom_mla_tensor_parallel_2_with_expert_parallel(tiny_model_dir):
     assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or vllm_release() >= (0, 32),
-                    reason="vLLM's CUDA platform, and its CPU platform from 0.32, have MLA backends of their own")
+@pytest.mark.skipif(torch.cuda.is_available() or vllm_release() >= (0, 28),
+                    reason="vLLM's CUDA platform, and its CPU platform from 0.28, have MLA backends of their own")
 def test_native_vllm_cannot_serve_mla_on_cpu(tiny_model_dir):
     phase1, _ = make_prompts()
     with pytest.raises(AssertionError, match="MLA is not supported on CPU"):

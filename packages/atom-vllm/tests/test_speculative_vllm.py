@@ -25,6 +25,8 @@ from vllm_testing import (
     tokens_of,
 )
 
+from atom_vllm.version import vllm_release
+
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 12
@@ -33,6 +35,9 @@ REPEATING = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [20, 21, 22, 23, 24, 20, 21, 22,
              list(range(30, 47))]
 
 
+@pytest.mark.xfail(vllm_release() == (0, 30), strict=True, raises=VllmRunFailed,
+                   reason="vLLM 0.30 alone fails the same way on CPU: its rejection sampler's Triton launcher "
+                          "raises 'Cannot inspect kernel parameters' (docs/host-versions.md)")
 def test_ngram_speculation_served_by_atom(tiny_model_dir):
     """Drafts are proposed and some accepted; greedy tokens stay HF's (speculation is lossless)."""
     model = tiny_model_dir("Qwen3ForCausalLM")

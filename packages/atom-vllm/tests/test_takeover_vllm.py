@@ -210,9 +210,9 @@ def test_parallel_layouts_read_from_vllm_config(tiny_model_dir):
     expert_parallel = decision(moe, tensor_parallel_size=2, enable_expert_parallel=True)
     assert expert_parallel.atom_serves and expert_parallel.notes == (EXPERT_PARALLEL_NOTE,)
     # Context parallelism: vLLM would refuse to start with ATOM's attention (its DCP needs the softmax
-    # LSE from the backend, its PCP the backend's support), so the host serves. (vLLM 0.32's CPU model
-    # runner refuses prefill context parallelism in the config itself.)
-    if vllm_release() < (0, 32):
+    # LSE from the backend, its PCP the backend's support), so the host serves. (From vLLM 0.27 the CPU
+    # config refuses prefill context parallelism itself.)
+    if vllm_release() < (0, 27):
         assert decision(dense, tensor_parallel_size=2, prefill_context_parallel_size=2).reasons == (
             "context parallelism (size 2) is not supported",)
     assert decision(dense, tensor_parallel_size=4, decode_context_parallel_size=2).reasons == (

@@ -216,7 +216,13 @@ def tiny_hf_config(architecture: str, **overrides: Any):
 
     settings = {**_BASE, **TINY_CONFIGS[architecture], **overrides}
     model_type = settings.pop("model_type")
-    config = transformers_config_class(model_type)(**settings)
+    config_class = transformers_config_class(model_type)
+    if model_type == "gpt_oss" and not hasattr(config_class(), "swiglu_limit"):
+        # transformers before 5.19 (5.17 on the GPU image, vLLM 0.31's bound) fixes GPT-OSS's SwiGLU
+        # limit at the published 7.0 in its experts and ignores the config's: there the tiny model
+        # takes 7.0, so that HF's reference stays the model its config.json describes.
+        settings["swiglu_limit"] = 7.0
+    config = config_class(**settings)
     config.architectures = [architecture]
     return config
 
