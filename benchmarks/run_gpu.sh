@@ -180,14 +180,16 @@ for step in $steps; do
                                     tp4-$model-runs offline-mla-tp4-$model${layers:+-${layers}l}.json "$TP4_EP_ARGS"
                                 done ;;
     # The flagship configuration (issue 22) at reduced depth on a 4-GPU machine: DeepSeek-V3's width at 8
-    # layers, block-FP8 dummy weights, `vllm serve --tensor-parallel-size 4 --enable-expert-parallel
-    # --kv-cache-dtype fp8` with FULL_AND_PIECEWISE CUDA graphs; random 8000 in / 1000 out at concurrency 64,
-    # FLAGSHIP_PROMPTS requests (the issue's 640 by default). VLLM_DEEP_GEMM_WARMUP=skip: vLLM alone's
-    # DeepGEMM warm-up takes minutes per start; its kernels compile in the untimed warm-up burst instead.
-    # Even so vLLM alone had not come up after 420 s on 4 H200s (b355b2b): each server gets 20 minutes.
-    flagship-tp4-serving) VLLM_DEEP_GEMM_WARMUP=skip ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
+    # layers on a random block-FP8 checkpoint (random_checkpoint.py: dummy weights collapse routing, and
+    # both engines must load the same bytes for the greedy agreement of 32 fixed prompts), `vllm serve
+    # --tensor-parallel-size 4 --enable-expert-parallel --kv-cache-dtype fp8` with FULL_AND_PIECEWISE CUDA
+    # graphs; random 8000 in / 1000 out at concurrency 64, FLAGSHIP_PROMPTS requests (the issue's 640 by
+    # default). vLLM's own DeepGEMM warm-up stays on (its default): skipping it had vLLM alone's server
+    # not up after 420 s on 4 H200s (b355b2b), compiling during graph capture. Each server gets 20 minutes.
+    flagship-tp4-serving) ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
                           multi_gpu python3 "$here/e2e/bench_serving.py" \
                             --out "$out/flagship-tp4/serving-deepseek-v3-8l-fp8-tp4-ep.json" --model deepseek-v3-8l-fp8 \
+                            --random-weights --greedy-prompts 32 \
                             --concurrencies 64 --input-len 8000 --output-len 1000 --num-prompts "${FLAGSHIP_PROMPTS:-640}" \
                             --server-arg=--tensor-parallel-size=4 --server-arg=--enable-expert-parallel \
                             --server-arg=--kv-cache-dtype=fp8 \

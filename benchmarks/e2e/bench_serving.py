@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import process_group
+import torch
 from bench_offline import atom_log_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,6 +70,9 @@ SAMPLE_LINE = re.compile(r"^([\w:]+)(?:\{[^}]*\})? (\S+)$")
 
 
 WARM_UP_OUTPUT_LEN = 16
+# The greedy-agreement probe (--greedy-prompts): fixed random prompts of this many tokens, this many
+# greedy tokens each, the same in both servers.
+GREEDY_PROMPT_LEN, GREEDY_TOKENS = 64, 32
 # Environment variables a report records: the engines', ATOM's and the collectives' switches.
 RECORDED_ENV = ("VLLM_", "SGLANG_", "ATOM_", "NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 
@@ -182,6 +186,36 @@ def wait_healthy(port: int, server: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
+def greedy_prompts(vocab_size: int, count: int) -> list[list[int]]:
+    """``count`` fixed prompts of token ids (seeded, past the low ids that special tokens take)."""
+    generator = torch.Generator().manual_seed(2026)
+    return torch.randint(8, vocab_size, (count, GREEDY_PROMPT_LEN), generator=generator).tolist()
+
+
+def greedy_completions(port: int, model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+    """The server's greedy continuation of each prompt (one OpenAI completions request, EOS ignored),
+    as token ids: the word-level tokenizer decodes token i to the word "t<i>"."""
+    body = {"model": model_dir, "prompt": prompts, "max_tokens": GREEDY_TOKENS, "temperature": 0,
+            "ignore_eos": True, "skip_special_tokens": False}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        choices = sorted(json.load(response)["choices"], key=lambda choice: choice["index"])
+    return [[int(word[1:]) for word in choice["text"].split()] for choice in choices]
+
+
+def greedy_agreement(native: list[list[int]], atom: list[list[int]]) -> dict:
+    """How far the two servers' greedy continuations agree, prompt by prompt."""
+    def common_prefix(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    prefixes = [common_prefix(a, b) for a, b in zip(native, atom, strict=True)]
+    return {"prompts": len(prefixes), "tokens": GREEDY_TOKENS,
+            "first_token_equal": sum(p > 0 for p in prefixes),
+            "all_tokens_equal": sum(p == GREEDY_TOKENS for p in prefixes),
+            "mean_equal_prefix": sum(prefixes) / len(prefixes)}
+
+
 def metric_totals(port: int) -> dict[str, float]:
     """Every sample on the server's /metrics page, summed over its label sets."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
@@ -234,9 +268,10 @@ def summarise_new_trace(trace_dir: str, seen: set[str], timeout_s: float = 300) 
 
 def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurrencies: list[int], workdir: str,
                     port: int, save, dummy: bool, workload: Workload, server_args: list[str],
-                    profile: bool = False) -> dict:
+                    profile: bool = False, greedy: list[list[int]] | None = None) -> dict:
     """One server, every concurrency; ``save()`` after each, so a cut-off run keeps what it measured.
-    ``profile``: each concurrency's requests run under vLLM's profiler, summarised per step."""
+    ``profile``: each concurrency's requests run under vLLM's profiler, summarised per step.
+    ``greedy``: prompts whose greedy continuations the server writes into the run after the timed ones."""
     mode = "atom" if atom else "native"
     trace_dir = os.path.join(workdir, f"traces-{mode}") if profile else ""
     if profile:
@@ -290,6 +325,9 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
             print(mode, f"c={c}", {k: round(raw[k], 2) for k in ("output_throughput", "mean_ttft_ms",
                                                                     "mean_tpot_ms") if k in raw}, flush=True)
             save(mode, run)
+        if greedy:
+            run["greedy_tokens"] = greedy_completions(port, model_dir, greedy)
+            save(mode, run)
     finally:
         process_group.stop(server)
     return run
@@ -330,6 +368,11 @@ def markdown(report: dict) -> str:
             both = [f"{cell(n, key, DIGITS.get(key, 1))} / {cell(a, key, DIGITS.get(key, 1))}"
                     for key in ("mean_ttft_ms", *parts)]
             lines.append(f"| {c} | " + " | ".join(both) + " |")
+    agreement = report.get("greedy_agreement")
+    if agreement:
+        lines += ["", f"Greedy agreement, {agreement['prompts']} fixed prompts x {agreement['tokens']} tokens: first "
+                  f"token equal {agreement['first_token_equal']}, all equal {agreement['all_tokens_equal']}, "
+                  f"mean equal prefix {agreement['mean_equal_prefix']:.1f} tokens."]
     return "\n".join(lines) + "\n"
 
 def main() -> None:
@@ -349,13 +392,14 @@ def main() -> None:
                         help="requests per timed run (default: 4 x concurrency, at least 16)")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="a further server flag for both servers (repeatable; --server-arg=--flag)")
+    parser.add_argument("--greedy-prompts", type=int, default=0,
+                        help=f"after the timed runs, this many fixed prompts' {GREEDY_TOKENS} greedy tokens from each "
+                             "server, and how far they agree")
     parser.add_argument("--profile", action="store_true",
                         help="vLLM: run the timed requests under the worker's torch profiler and summarise each "
                              "trace per step (serve_trace_summary.py); the profiler slows the host")
     args = parser.parse_args()
     import importlib
-
-    import torch
 
     engine = ENGINES[args.engine]
     if (args.profile or args.prefix_len) and args.engine != "vllm":
@@ -396,9 +440,10 @@ def main() -> None:
         write_report(report, args.out)
 
     dummy = not (args.random_weights or args.checkpoint)
+    greedy = greedy_prompts(json.load(open(config_path))["vocab_size"], args.greedy_prompts)
     for atom, port in ((False, 8011), (True, 8012)):
         serve_and_bench(engine, model_dir, atom, concurrencies, workdir, port, save, dummy, workload, args.server_arg,
-                        args.profile)
+                        args.profile, greedy)
     if args.random_weights:
         shutil.rmtree(model_dir)
     print(markdown(report), flush=True)
@@ -414,6 +459,9 @@ def write_report(report: dict, out: str) -> None:
         a = report["atom"].get("results", {}).get(str(c), {})
         ratios[str(c)] = {k: a[k] / n[k] for k in METRICS if n.get(k) and k in a}
     report["ratio"] = ratios
+    if "greedy_tokens" in report["native"] and "greedy_tokens" in report["atom"]:
+        report["greedy_agreement"] = greedy_agreement(report["native"]["greedy_tokens"],
+                                                      report["atom"]["greedy_tokens"])
     json.dump(report, open(out, "w"), indent=1)
     open(os.path.splitext(out)[0] + ".md", "w").write(markdown(report))
 

@@ -1,4 +1,5 @@
-"""A random bf16 Hugging Face checkpoint of full size for a model shape in benchmarks/models, for benchmarks.
+"""A random Hugging Face checkpoint of full size for a model shape in benchmarks/models, for benchmarks:
+bf16, or block FP8 where the shape's config declares it (``quant_method: fp8`` with ``weight_block_size``).
 
     python random_checkpoint.py --config ../models/deepseek-v2-lite.json --out DIR [--layers N] [--seed S]
 
@@ -16,6 +17,9 @@ into the published layout (transformers 5, which vLLM 0.26 requires, fuses MoE e
 checkpoints keep one tensor per expert). Matrices N(0, 0.02), norm weights 1, biases (DeepSeek-V3's
 ``e_score_correction_bias`` too) and every other vector 0, each in the dtype HF gives it: bf16, or fp32
 where HF keeps fp32. Made one tensor at a time, on the GPU when there is one, into shards of at most 4 GB.
+A block-FP8 config gets every decoder projection quantized as the published checkpoints ship it (e4m3
+weight and ``weight_scale_inv`` per block: atom_core.testing.fp8_checkpoints); embeddings, norms,
+routers and ``lm_head`` stay bf16.
 """
 
 import argparse
@@ -28,6 +32,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from transformers.core_model_loading import revert_weight_conversion
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
+from atom_core.testing.fp8_checkpoints import QUANTIZED_WEIGHT, quantize_block_fp8
+
 SHARD_BYTES = 4 * 2**30
 STD = 0.02
 
@@ -36,8 +42,8 @@ def read_config(path: str, layers: int | None) -> dict:
     """The config to write: ``path``'s, cut to its first ``layers`` layers if given."""
     with open(path) as f:
         config = json.load(f)
-    if "quantization_config" in config:
-        raise SystemExit(f"{path} has a quantization_config: this writer makes bf16 checkpoints only "
+    if "quantization_config" in config and fp8_block(config) is None:
+        raise SystemExit(f"{path}: this writer makes bf16 and block-FP8 checkpoints only "
                          "(gpt-oss MXFP4: random_mxfp4_checkpoint.py)")
     if layers:
         language = config.get("text_config", config)
@@ -45,6 +51,13 @@ def read_config(path: str, layers: int | None) -> dict:
         if "layer_types" in language:
             language["layer_types"] = language["layer_types"][:layers]
     return config
+
+
+def fp8_block(config: dict) -> tuple[int, int] | None:
+    """The FP8 weight block a config declares, or None (bf16)."""
+    quantization = config.get("quantization_config", {})
+    block = quantization.get("weight_block_size")
+    return tuple(block) if quantization.get("quant_method") == "fp8" and block else None
 
 
 def checkpoint_layout(config: dict) -> dict[str, torch.Tensor]:
@@ -59,13 +72,24 @@ def checkpoint_layout(config: dict) -> dict[str, torch.Tensor]:
 
 
 def random_tensor(name: str, meta: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Matrices N(0, 0.02); norm weights 1; biases (gpt-oss's per-expert ones are matrices) and other
-    vectors 0. On the CPU."""
+    """Matrices N(0, 0.02) (on the generator's device); norm weights 1; biases (gpt-oss's per-expert
+    ones are matrices) and other vectors 0."""
     if meta.dim() >= 2 and not name.endswith("bias"):
         tensor = torch.empty(meta.shape, dtype=meta.dtype, device=generator.device)
-        return tensor.normal_(0, STD, generator=generator).cpu()
+        return tensor.normal_(0, STD, generator=generator)
     fill = 1 if name.endswith("norm.weight") else 0
     return torch.full(meta.shape, fill, dtype=meta.dtype)
+
+
+def checkpoint_tensors(name: str, meta: torch.Tensor, generator: torch.Generator,
+                       block: tuple[int, int] | None) -> dict[str, torch.Tensor]:
+    """The tensor ``name`` on the CPU, or with ``block`` and a decoder projection, its block-FP8 form
+    and ``weight_scale_inv``."""
+    tensor = random_tensor(name, meta, generator)
+    if block and QUANTIZED_WEIGHT.match(name):
+        weight, scale = quantize_block_fp8(tensor, block)
+        return {name: weight.cpu(), f"{name.removesuffix('.weight')}.weight_scale_inv": scale.cpu()}
+    return {name: tensor.cpu()}
 
 
 def plan_shards(layout: dict[str, torch.Tensor], limit: int) -> list[list[str]]:
@@ -95,14 +119,17 @@ def main() -> None:
         json.dump(config, f, indent=1)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     generator = torch.Generator(device).manual_seed(args.seed)
+    block = fp8_block(config)
     shards = plan_shards(layout, SHARD_BYTES)
-    weight_map = {}
+    weight_map, total_size = {}, 0
     for number, names in enumerate(shards, 1):
         shard = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: random_tensor(name, layout[name], generator) for name in names}
+        tensors = {}
+        for name in names:
+            tensors.update(checkpoint_tensors(name, layout[name], generator, block))
         save_file(tensors, os.path.join(args.out, shard), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(names, shard))
-    total_size = sum(meta.numel() * meta.element_size() for meta in layout.values())
+        weight_map.update(dict.fromkeys(tensors, shard))
+        total_size += sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
     with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, indent=1)
     print(f"wrote {len(weight_map)} tensors, {total_size / 1e9:.1f} GB in {len(shards)} shards, to {args.out}")

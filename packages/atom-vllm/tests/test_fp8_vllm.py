@@ -23,17 +23,27 @@ from vllm_testing import (
     bf16_logprob_tolerance,
     error_line,
     prompts,
+    run_vllm,
     run_with_and_without_atom,
+    tensor_parallel_2,
     tokens_of,
     worst_prompt_logprob_diff,
 )
 
-from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
-from atom_core.testing.reference import atom_greedy, atom_logits
+from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
+from atom_core.testing.fp8_checkpoints import (
+    TINY_BLOCK,
+    TINY_FP8_OVERRIDES,
+    write_fp8_checkpoint,
+    write_tiny_fp8_checkpoint,
+)
+from atom_core.testing.reference import atom_greedy, atom_logits, prompt_logprobs
 
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 12
+# How far two correct FP8 implementations' log-probabilities may part on these tiny models (above).
+FP8_NOISE = 0.3
 TABLE: list[tuple[str, str, str]] = []
 
 CELLS = {
@@ -84,3 +94,27 @@ def test_fp8_checkpoint_served_by_atom(cell, tiny_model_dir, tmp_path):
     first = sum(a[0] == b[0] for a, b in zip(got, tokens_of(alone)))
     TABLE.append((cell, outcome, f"prompt logprobs within {worst:.2f} of vLLM + ATOM's; first token "
                                  f"equal {first}/{len(got)}"))
+
+
+def test_block_fp8_mla_tensor_parallel_2_with_expert_parallel(tiny_model_dir, tmp_path):
+    """Block-FP8 DeepSeek-V3 at TP=2 with --enable-expert-parallel (the flagship's setting, at TP 2):
+    each rank's shares of the FP8 projections and of every expert, with their block scales, give the
+    prompt log-probabilities of ATOM alone at TP 1. Rope dims of 16 make each rank's q_b / kv_b /
+    o_proj shares whole blocks of 32, as the real model's are of 128. In float16 (vLLM runs FP8 in
+    16 bits only): the two ranks' partial sums round differently from one GEMM's, and an FP8
+    activation quantization turns that into whole FP8 steps now and then, so single positions may
+    differ by the FP8 noise of the module docstring while the mean stays small; a wrong shard or
+    scale moves every position."""
+    architecture = "DeepseekV3ForCausalLM"
+    source = tiny_model_dir(architecture, **TINY_FP8_OVERRIDES[architecture], qk_rope_head_dim=16, head_dim=16)
+    model = write_fp8_checkpoint(source, str(tmp_path / "fp8"), "fp8-block", TINY_BLOCK)
+    phase = prompts(5, 19, seed=4)
+    tp2 = tensor_parallel_2(enable_expert_parallel=True, dtype="float16")
+    result = run_vllm(model, [phase], MAX_TOKENS, prompt_logprobs=True, **tp2)
+    assert_atom_served(result)
+    assert f"ATOM serves DeepseekV3ForCausalLM on vLLM: {EXPERT_PARALLEL_NOTE}" in result["log"]
+    reference = atom_logits(model, torch.float16)
+    diffs = [abs(a - b) for output, prompt in zip(result["phases"][0], phase)
+             for a, b in zip(output["prompt_logprobs"], prompt_logprobs(reference(prompt), prompt))]
+    assert max(diffs) < FP8_NOISE and sum(diffs) / len(diffs) < FP8_NOISE / 4, diffs
+    assert_first_tokens_near_greedy(result["phases"][0], phase, reference, FP8_NOISE)

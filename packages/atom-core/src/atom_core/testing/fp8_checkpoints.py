@@ -71,11 +71,11 @@ FORMS = ("fp8-block", "fp8-tensor", "fp8-tensor-static", "ct-channel", "ct-tenso
 
 def quantize_block_fp8(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(fp8 weight, weight_scale_inv)`` of a 2-D weight, one scale per block (partial blocks at
-    the edges have their own scale, as in the published checkpoints)."""
+    the edges have their own scale, as in the published checkpoints), on the weight's device."""
     n, k = weight.shape
     bn, bk = block
     rows, cols = math.ceil(n / bn), math.ceil(k / bk)
-    padded = torch.zeros(rows * bn, cols * bk, dtype=torch.float32)
+    padded = torch.zeros(rows * bn, cols * bk, dtype=torch.float32, device=weight.device)
     padded[:n, :k] = weight.float()
     tiles = padded.view(rows, bn, cols, bk)
     scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
