@@ -186,10 +186,14 @@ for step in $steps; do
     # graphs; random 8000 in / 1000 out at concurrency 64, FLAGSHIP_PROMPTS requests (the 640 by
     # default). vLLM's own DeepGEMM warm-up stays on (its default): skipping it had vLLM alone's server
     # not up after 420 s on 4 H200s (b355b2b), compiling during graph capture. Each server gets 20 minutes.
+    # With EP vLLM alone picks FlashInfer's CUTLASS FP8 MoE, compiled from source on first use where the
+    # install has no prebuilt FlashInfer kernels (not up after 900 s at 627ee3d): FLAGSHIP_NATIVE_MOE_BACKEND
+    # (e.g. deep_gemm, triton) names vLLM alone's MoE backend instead, recorded in the report.
     flagship-tp4-serving) ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
                           multi_gpu python3 "$here/e2e/bench_serving.py" \
                             --out "$out/flagship-tp4/serving-deepseek-v3-8l-fp8-tp4-ep.json" --model deepseek-v3-8l-fp8 \
                             --random-weights --greedy-prompts 32 \
+                            ${FLAGSHIP_NATIVE_MOE_BACKEND:+--native-server-arg=--moe-backend=$FLAGSHIP_NATIVE_MOE_BACKEND} \
                             --concurrencies 64 --input-len 8000 --output-len 1000 --num-prompts "${FLAGSHIP_PROMPTS:-640}" \
                             --server-arg=--tensor-parallel-size=4 --server-arg=--enable-expert-parallel \
                             --server-arg=--kv-cache-dtype=fp8 \

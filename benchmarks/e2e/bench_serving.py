@@ -392,6 +392,9 @@ def main() -> None:
                         help="requests per timed run (default: 4 x concurrency, at least 16)")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="a further server flag for both servers (repeatable; --server-arg=--flag)")
+    parser.add_argument("--native-server-arg", action="append", default=[],
+                        help="a further flag for the native server only, e.g. --native-server-arg=--moe-backend=triton "
+                             "where the host's default kernel cannot run in the environment (the report records it)")
     parser.add_argument("--greedy-prompts", type=int, default=0,
                         help=f"after the timed runs, this many fixed prompts' {GREEDY_TOKENS} greedy tokens from each "
                              "server, and how far they agree")
@@ -442,7 +445,8 @@ def main() -> None:
     dummy = not (args.random_weights or args.checkpoint)
     greedy = greedy_prompts(json.load(open(config_path))["vocab_size"], args.greedy_prompts)
     for atom, port in ((False, 8011), (True, 8012)):
-        serve_and_bench(engine, model_dir, atom, concurrencies, workdir, port, save, dummy, workload, args.server_arg,
+        server_args = args.server_arg if atom else [*args.server_arg, *args.native_server_arg]
+        serve_and_bench(engine, model_dir, atom, concurrencies, workdir, port, save, dummy, workload, server_args,
                         args.profile, greedy)
     if args.random_weights:
         shutil.rmtree(model_dir)
