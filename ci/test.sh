@@ -6,8 +6,9 @@ source "$(dirname "$0")/common.sh"
 sync_vllm_env
 .venv/bin/ruff check packages benchmarks ci
 # The kernel suite runs Triton through its interpreter (TRITON_INTERPRET=1 for the whole process),
-# so it gets a process of its own: the model and engine tests use the normal backend selection.
-.venv/bin/pytest -q packages/atom-kernels/tests "$@"
+# so it gets processes of its own (two workers; its conftest sets the interpreter in each): the model
+# and engine tests use the normal backend selection.
+.venv/bin/pytest -q -n 2 packages/atom-kernels/tests "$@"
 # Two workers, each test file whole on one (its module fixtures build once).
 .venv/bin/pytest -q -n 2 --dist loadfile packages/atom-core/tests packages/atom-vllm/tests "$@"
 # The engine-level vLLM suites again on the newest supported vLLM with a CPU build (0.32).
