@@ -20,6 +20,25 @@ export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$PWD/.cache/pycache}"
 sync_vllm_env() {
     uv sync --frozen --package atom-vllm --extra cpu --group dev
 }
+# Syncs in the background, so that a fresh machine's downloads and installs overlap the tests. Each
+# writes its own directory (uv's cache takes concurrent use); its output goes to a log, shown when it
+# is waited for, and a failed sync fails the wait.
+declare -A SYNC_PIDS
+sync_in_background() {  # NAME... (sync_NAME)
+    mkdir -p .cache/sync-logs
+    local name
+    for name in "$@"; do
+        "sync_$name" >".cache/sync-logs/$name.log" 2>&1 &
+        SYNC_PIDS[$name]=$!
+    done
+}
+wait_for_sync() {  # NAME
+    local status=0
+    wait "${SYNC_PIDS[$1]}" || status=$?
+    cat ".cache/sync-logs/$1.log"
+    [ "$status" -eq 0 ] || echo "sync_$1 failed (exit $status)" >&2
+    return "$status"
+}
 # The newest vLLM atom-vllm supports that has a CPU build, from its own lock (torch 2.13, which the
 # workspace lock's vLLM 0.26 cannot share): ci/hosts/vllm-0.32.
 NEWEST_VLLM_ENV=ci/hosts/vllm-0.32/.venv
