@@ -4,7 +4,8 @@
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
 # fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline
 # hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests;
-# on 4 GPUs: mla-tp4-checkpoint-offline flagship-tp4-serving (not in the default list).
+# on 4 GPUs: mla-tp4-checkpoint-offline flagship-serving (not in the default list; flagship-serving
+# runs at FLAGSHIP_TP GPUs, 4 by default).
 # tune writes new tile tables under OUT_DIR/tuned (copy them to packages/atom-kernels/src/atom_kernels/tuned).
 # Needs vLLM 0.26.0 and the three ATOM wheels installed; kernel-tests also needs pytest-xdist.
 # Each step writes its JSON/logs under OUT_DIR; steps are independent, so a time-limited machine can
@@ -172,30 +173,30 @@ for step in $steps; do
     gated-delta) python3 "$here/kernels/bench_gated_delta.py" --out "$out/gated-delta.json" ;;
     # MLA at TP 4 with expert parallelism (issue 19; a 4-GPU machine): each of MLA_TP4_MODELS (NAME, or
     # NAME:LAYERS for its first LAYERS layers) on a random checkpoint, both engines with
-    # --tensor-parallel-size 4 --enable-expert-parallel (ATOM splits every expert across the 4 ranks
+    # --tensor-parallel-size FLAGSHIP_TP --enable-expert-parallel (ATOM splits every expert across the 4 ranks
     # instead: atom_core.hosting.takeover). Random weights route over all experts, as EP needs to be fair.
     mla-tp4-checkpoint-offline) for spec in ${MLA_TP4_MODELS:-deepseek-v2-lite moonlight-16b-a3b deepseek-v3-7l:5}; do
                                   model=${spec%%:*} layers=${spec#*:}; [ "$layers" = "$spec" ] && layers=
                                   CHECKPOINT_LAYERS=$layers multi_gpu checkpoint_offline random_checkpoint.py $model \
                                     tp4-$model-runs offline-mla-tp4-$model${layers:+-${layers}l}.json "$TP4_EP_ARGS"
                                 done ;;
-    # The flagship configuration (issue 22) at reduced depth on a 4-GPU machine: DeepSeek-V3's width at 8
-    # layers on a random block-FP8 checkpoint (random_checkpoint.py: dummy weights collapse routing, and
-    # both engines must load the same bytes for the greedy agreement of 32 fixed prompts), `vllm serve
-    # --tensor-parallel-size 4 --enable-expert-parallel --kv-cache-dtype fp8` with FULL_AND_PIECEWISE CUDA
-    # graphs; random 8000 in / 1000 out at concurrency 64, FLAGSHIP_PROMPTS requests (the issue's 640 by
+    # The flagship configuration (issue 22) at reduced depth on FLAGSHIP_TP GPUs (4 by default):
+    # DeepSeek-V3's width at 8 layers on a random block-FP8 checkpoint (random_checkpoint.py: dummy
+    # weights collapse routing, and both engines must load the same bytes for the greedy agreement of 32
+    # fixed prompts), `vllm serve --tensor-parallel-size FLAGSHIP_TP --enable-expert-parallel
+    # --kv-cache-dtype fp8` with FULL_AND_PIECEWISE CUDA graphs; random 8000 in / 1000 out at concurrency 64, FLAGSHIP_PROMPTS requests (the issue's 640 by
     # default). vLLM's own DeepGEMM warm-up stays on (its default): skipping it had vLLM alone's server
     # not up after 420 s on 4 H200s (b355b2b), compiling during graph capture. Each server gets 20 minutes.
     # With EP vLLM alone picks FlashInfer's CUTLASS FP8 MoE, compiled from source on first use where the
     # install has no prebuilt FlashInfer kernels (not up after 900 s at 627ee3d): FLAGSHIP_NATIVE_MOE_BACKEND
     # (e.g. deep_gemm, triton) names vLLM alone's MoE backend instead, recorded in the report.
-    flagship-tp4-serving) ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
+    flagship-serving) tp=${FLAGSHIP_TP:-4}; ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
                           multi_gpu python3 "$here/e2e/bench_serving.py" \
-                            --out "$out/flagship-tp4/serving-deepseek-v3-8l-fp8-tp4-ep.json" --model deepseek-v3-8l-fp8 \
+                            --out "$out/flagship-tp$tp/serving-deepseek-v3-8l-fp8-tp$tp-ep.json" --model deepseek-v3-8l-fp8 \
                             --random-weights --greedy-prompts 32 \
                             ${FLAGSHIP_NATIVE_MOE_BACKEND:+--native-server-arg=--moe-backend=$FLAGSHIP_NATIVE_MOE_BACKEND} \
                             --concurrencies 64 --input-len 8000 --output-len 1000 --num-prompts "${FLAGSHIP_PROMPTS:-640}" \
-                            --server-arg=--tensor-parallel-size=4 --server-arg=--enable-expert-parallel \
+                            --server-arg=--tensor-parallel-size=$tp --server-arg=--enable-expert-parallel \
                             --server-arg=--kv-cache-dtype=fp8 \
                             --server-arg=--compilation-config='{"cudagraph_mode":"FULL_AND_PIECEWISE"}' ;;
     # atom-vllm's GPU-only tests (no ATOM kernel compiling while serving; FA3 MLA against ATOM's kernels).
