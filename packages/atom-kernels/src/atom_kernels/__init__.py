@@ -23,7 +23,7 @@ from atom_kernels.gemm import fp8_block_scaled_mm, fp8_scaled_mm
 from atom_kernels.mla import concat_mla_k, fused_qk_rope_concat_and_cache_mla, mla_decode
 from atom_kernels.moe import fused_moe, warm_up_fused_moe
 from atom_kernels.moe_align import moe_align_block_size
-from atom_kernels.mxfp4 import dequantize_mxfp4
+from atom_kernels.mxfp4 import dequantize_mxfp4, mxfp4_quant_dequant
 from atom_kernels.norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_quant_fp8,
@@ -78,6 +78,7 @@ __all__ = [
     "llama3_inv_freq",
     "mla_decode",
     "moe_align_block_size",
+    "mxfp4_quant_dequant",
     "paged_attention",
     "per_group_quant_fp8",
     "per_tensor_quant_fp8",

@@ -10,8 +10,11 @@ row (``block_size`` 0). The activations of both GEMMs are quantized on the fly: 
 group of B channels, or per token (:mod:`atom_kernels.quant`).
 
 MXFP4 experts (``weight_format="mxfp4"``, gpt-oss) keep ``w13``/``w2`` packed, two e2m1 values per
-uint8 along K, with a uint8 e8m0 scale per 32 values (:mod:`atom_kernels.mxfp4`). They are
-weight-only: the GEMMs dequantize the weights as they read them and compute in x's dtype.
+uint8 along K, with a uint8 e8m0 scale per 32 values (:mod:`atom_kernels.mxfp4`). The GEMMs
+dequantize the weights as they read them and compute in x's dtype. gpt-oss's are weight-only; AMD
+Quark's W4A4 checkpoints (``input_format="mxfp4"``) also round both GEMMs' inputs to MXFP4 and back
+first (:func:`atom_kernels.mxfp4.mxfp4_quant_dequant`), as a host emulates FP4 activations where no
+FP4 matrix unit runs them.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ from atom_kernels.activation import (
 from atom_kernels.moe_align import moe_align_block_size_triton, warm_up_moe_align
 from atom_kernels.moe_gemv import run_fused_moe_mxfp4_gemv
 from atom_kernels.moe_reduce import reduce_gated_partials, sum_expert_rows
-from atom_kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, e2m1_to_float, e8m0_to_float
+from atom_kernels.mxfp4 import (
+    MXFP4_BLOCK,
+    dequantize_mxfp4,
+    e2m1_to_float,
+    e8m0_to_float,
+    mxfp4_quant_dequant_torch,
+    mxfp4_quant_dequant_triton,
+)
 from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
@@ -64,6 +74,7 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
     weight_format: str = "auto",
+    input_format: str = "auto",
 ) -> torch.Tensor:
     """``sum_k topk_weights[:, k] * down_e(act(gate_up_e(x)))`` over each token's experts
     ``e = topk_ids[:, k]``. ``activation``: ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` or
@@ -80,7 +91,11 @@ def fused_moe(
     ``"mxfp4"``: uint8 ``w13`` [E, 2I, D / 2] and ``w2`` [E, D, I / 2], two e2m1 values per byte,
     with uint8 e8m0 ``w13_scale`` [E, 2I, D / 32] and ``w2_scale`` [E, D, I / 32], one per 32
     values along K (:mod:`atom_kernels.mxfp4`); D and I multiples of 32, ``block_size`` 0. The
-    activations are not quantized: the weights are dequantized to x's dtype."""
+    weights are dequantized to x's dtype.
+
+    ``input_format``: ``"auto"`` (FP8 weights: fp8 inputs, as above; else x's dtype) or, with MXFP4
+    weights, ``"mxfp4"``: both GEMMs' inputs (x, and the activation's output in x's dtype) rounded to
+    MXFP4 and back per 32 values (:func:`atom_kernels.mxfp4.mxfp4_quant_dequant`)."""
 
 
 ACTIVATIONS = {
@@ -115,11 +130,16 @@ def _check_fused_moe_args(
     w2_scale: torch.Tensor | None,
     block_size: int,
     weight_format: str,
+    input_format: str = "auto",
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Check :func:`fused_moe`'s tensors; return the weight scales as [E, rows, K blocks] (per-row
     FP8 scales as [E, rows, 1]), or (None, None) for unquantized weights."""
     if weight_format not in ("auto", "mxfp4"):
         raise ValueError(f"fused_moe: weight_format {weight_format!r} is not 'auto' or 'mxfp4'")
+    if input_format not in ("auto", "mxfp4"):
+        raise ValueError(f"fused_moe: input_format {input_format!r} is not 'auto' or 'mxfp4'")
+    if input_format == "mxfp4" and weight_format != "mxfp4":
+        raise ValueError("fused_moe: input_format='mxfp4' needs weight_format='mxfp4'")
     mxfp4 = weight_format == "mxfp4"
     if not mxfp4 and torch.uint8 in (w13.dtype, w2.dtype):
         raise ValueError("fused_moe: uint8 weights are MXFP4 only with weight_format='mxfp4'")
@@ -241,6 +261,10 @@ def _expert_linear(
     return a @ _dequantize(w[expert], scale[expert], block_size or 1, block_size or width).t()
 
 
+def _unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 @fused_moe.register("torch")
 def fused_moe_torch(
     x: torch.Tensor,
@@ -259,11 +283,15 @@ def fused_moe_torch(
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
     weight_format: str = "auto",
+    input_format: str = "auto",
 ) -> torch.Tensor:
     w13_scale, w2_scale = _check_fused_moe_args(
-        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, weight_format
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, weight_format,
+        input_format
     )
     mxfp4 = weight_format == "mxfp4"
+    round_inputs = mxfp4_quant_dequant_torch if input_format == "mxfp4" else _unchanged
+    x = round_inputs(x)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(topk_ids.shape[1])
@@ -276,7 +304,7 @@ def fused_moe_torch(
             gate_up = gate_up + w13_bias[expert]
         hidden = _expert_activation(gate_up, activation, swiglu_alpha, swiglu_limit, interleaved)
         # FP8 weights: the intermediate is stored in x's dtype before it is quantized, as in Triton.
-        hidden = hidden.to(x.dtype)
+        hidden = round_inputs(hidden.to(x.dtype))
         down = _expert_linear(hidden, w2, w2_scale, expert, block_size, mxfp4)
         if w2_bias is not None:
             down = down + w2_bias[expert]
@@ -676,13 +704,15 @@ def fused_moe_triton(
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
     weight_format: str = "auto",
+    input_format: str = "auto",
 ) -> torch.Tensor:
     if activation not in ACTIVATIONS:
         raise ValueError(
             f"fused_moe: unknown activation {activation!r}; known: {sorted(ACTIVATIONS)}"
         )
     w13_scale, w2_scale = _check_fused_moe_args(
-        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, weight_format
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size, weight_format,
+        input_format
     )
     tensors = {"x": x, "w13": w13, "w2": w2, "w13_scale": w13_scale, "w2_scale": w2_scale}
     for name, t in tensors.items():
@@ -704,6 +734,7 @@ def fused_moe_triton(
         "w2_scale": w2_scale,
         "block_size": block_size,
         "weight_format": weight_format,
+        "input_format": input_format,
     }
     key = moe_shape_key(num_experts, hidden, inter, top_k, w13.dtype)
     if key not in _warmed_up_shapes:
@@ -712,7 +743,8 @@ def fused_moe_triton(
         warm_up_fused_moe(w13, w2, top_k, activation=activation, interleaved=interleaved,
                           w13_bias=w13_bias, w2_bias=w2_bias, swiglu_alpha=swiglu_alpha,
                           swiglu_limit=swiglu_limit, w13_scale=w13_scale, w2_scale=w2_scale,
-                          block_size=block_size, weight_format=weight_format, x_dtype=x.dtype)
+                          block_size=block_size, weight_format=weight_format,
+                          input_format=input_format, x_dtype=x.dtype)
     config = moe_config(key, num_tokens, num_experts, top_k, x)
     return run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, **gemm_options)
 
@@ -735,6 +767,7 @@ def warm_up_fused_moe(
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
     weight_format: str = "auto",
+    input_format: str = "auto",
     x_dtype: torch.dtype | None = None,
 ) -> None:
     """Compile the Triton fused MoE for every tile config one layer's shape runs on this GPU (its
@@ -763,7 +796,7 @@ def warm_up_fused_moe(
         run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, act=ACTIVATIONS[activation],
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
                       w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
-                      block_size=block_size, weight_format=weight_format)
+                      block_size=block_size, weight_format=weight_format, input_format=input_format)
     for block_m in {config["BLOCK_M"] for config in configs if "BLOCK_M" in config}:
         warm_up_moe_align(num_experts, block_m, w13.device)
 
@@ -786,17 +819,21 @@ def run_fused_moe(
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
     weight_format: str = "auto",
+    input_format: str = "auto",
 ) -> torch.Tensor:
     """The Triton fused MoE with a given tile config (:func:`moe_config`'s form, or with ``"GEMV"``
     for MXFP4 experts: :mod:`atom_kernels.moe_gemv`); no checks."""
     mxfp4 = weight_format == "mxfp4"
+    round_inputs = mxfp4_quant_dequant_triton if input_format == "mxfp4" else None
+    if round_inputs is not None:
+        x = round_inputs(x)
     if config.get("GEMV"):
         if not mxfp4:
             raise ValueError("run_fused_moe: GEMV configs are for MXFP4 experts only")
         return run_fused_moe_mxfp4_gemv(x, w13, w2, topk_weights, topk_ids, config, act=act,
                                         interleaved=interleaved, alpha=alpha, limit=limit,
                                         w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale,
-                                        w2_scale=w2_scale)
+                                        w2_scale=w2_scale, round_hidden=round_inputs)
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -830,6 +867,8 @@ def run_fused_moe(
         mxfp4=mxfp4,
         expert_ids=expert_ids,
     )
+    if round_inputs is not None:
+        hidden_states = round_inputs(hidden_states)
     a, a_scale = (
         quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
     )

@@ -11,6 +11,8 @@ this path (:func:`atom_kernels.moe.run_fused_moe`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -172,9 +174,11 @@ def run_fused_moe_mxfp4_gemv(
     w2_bias: torch.Tensor | None,
     w13_scale: torch.Tensor,
     w2_scale: torch.Tensor,
+    round_hidden: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The fused MoE with MXFP4 experts by :func:`launch_mxfp4_gemv`: gate/up, down, then each token's
-    top_k rows summed. ``config``: {"GEMV": True, "gate_up": tiles, "down": tiles}."""
+    top_k rows summed. ``config``: {"GEMV": True, "gate_up": tiles, "down": tiles}. ``round_hidden``:
+    applied to the activation's output before the down GEMM (W4A4 checkpoints round it to MXFP4)."""
     num_tokens, hidden = x.shape
     inter, top_k = w13.shape[1] // 2, topk_ids.shape[1]
     expert_ids = topk_ids.reshape(-1)
@@ -182,6 +186,8 @@ def run_fused_moe_mxfp4_gemv(
     launch_mxfp4_gemv(x, w13, w13_scale, w13_bias, hidden_states, expert_ids, None, top_k,
                       config["gate_up"], gated=True, act=act, interleaved=interleaved, alpha=alpha,
                       limit=limit)
+    if round_hidden is not None:
+        hidden_states = round_hidden(hidden_states)
     rows = torch.empty((expert_ids.shape[0], hidden), dtype=torch.float32, device=x.device)
     launch_mxfp4_gemv(hidden_states, w2, w2_scale, w2_bias, rows, expert_ids,
                       topk_weights.reshape(-1).contiguous(), 1, config["down"])

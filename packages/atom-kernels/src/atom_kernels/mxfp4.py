@@ -9,6 +9,13 @@ A weight [N, K] is stored as ``blocks`` uint8 [N, K / 2] and ``scales`` uint8 [N
   power of two ``2 ** (scale - 127)``.
 
 Every decoded value is exact in fp32 and bf16 (a 2-bit significand times a power of two).
+
+:func:`mxfp4_quant_dequant` rounds activations to MXFP4 and back (AMD Quark's W4A4 checkpoints
+quantize every quantized linear's input so; where no FP4 matrix unit runs it, the hosts emulate it the
+same way): per 32 consecutive values along the last dim, the shared scale is ``2 ** (e - 2)`` with
+``e`` the exponent of the block's amax rounded to a power of two (up from 1.75 times one: Quark's
+``even`` scale mode, which keeps the largest value at most 6 after scaling), and each value divided
+by the scale is rounded to the nearest e2m1 value, ties to even, saturating at 6.
 """
 
 from __future__ import annotations
@@ -17,8 +24,17 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.registry import define_op
+from atom_kernels.triton_utils import check_last_dim_contiguous
+
 MXFP4_BLOCK = 32
 E8M0_BIAS = 127
+E2M1_MAX = 6.0
+E2M1_EMAX = 2  # the exponent of e2m1's largest value
+# fp32 bits: adding 1 << 21 to an amax carries into the exponent from a mantissa of 1.75 up (Quark's
+# ``even`` rounding of the shared scale); the mask keeps the exponent.
+_EVEN_ROUNDING_ADD = 1 << 21
+_FP32_EXPONENT_MASK = 0x7F800000
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
@@ -50,3 +66,75 @@ def e8m0_to_float(scale):
     bits = scale.to(tl.int32) << 23
     power = bits.to(tl.float32, bitcast=True)
     return tl.where(scale == 0, 2.0**-127, power)
+
+
+@define_op
+def mxfp4_quant_dequant(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., K] (K a multiple of 32) rounded to MXFP4 and back, in x's dtype: per 32 values a
+    power-of-two scale from their amax (Quark's ``even`` mode), each value rounded to the nearest
+    e2m1 value times that scale (ties to even, saturating at 6; module docstring)."""
+
+
+def _check_mxfp4_qdq_input(x: torch.Tensor) -> None:
+    if x.shape[-1] % MXFP4_BLOCK:
+        raise ValueError(f"mxfp4_quant_dequant: last dim {x.shape[-1]} is not a multiple of "
+                         f"{MXFP4_BLOCK}")
+
+
+@mxfp4_quant_dequant.register("torch")
+def mxfp4_quant_dequant_torch(x: torch.Tensor) -> torch.Tensor:
+    _check_mxfp4_qdq_input(x)
+    groups = x.float().unflatten(-1, (-1, MXFP4_BLOCK))
+    amax = groups.abs().amax(-1, keepdim=True)
+    biased = ((amax.view(torch.int32) + _EVEN_ROUNDING_ADD) & _FP32_EXPONENT_MASK) >> 23
+    # The scale's exponent, within e8m0's range (an all-zero block takes the smallest scale).
+    exponent = (biased - E8M0_BIAS - E2M1_EMAX).clamp(-E8M0_BIAS, E8M0_BIAS).float()
+    scaled = groups * torch.exp2(-exponent)
+    magnitude = scaled.abs()
+    # e2m1 values lie 0.5 apart below 2, 1 apart below 4, then 2 apart: round to that grid.
+    step = torch.where(magnitude < 2, 0.5, torch.where(magnitude < 4, 1.0, 2.0))
+    rounded = (torch.round(magnitude / step) * step).clamp(max=E2M1_MAX)
+    return (torch.copysign(rounded, scaled) * torch.exp2(exponent)).flatten(-2).to(x.dtype)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _mxfp4_quant_dequant_kernel(x_ptr, out_ptr, num_rows, K, x_stride, BLOCK_R: tl.constexpr,
+                                BLOCK_K: tl.constexpr):
+    """One program: BLOCK_R rows x BLOCK_K columns (whole 32-value groups; masked past K)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
+    groups = tl.reshape(x.to(tl.float32), [BLOCK_R, BLOCK_K // 32, 32])
+    amax = tl.max(tl.abs(groups), axis=2)
+    biased = ((amax.to(tl.int32, bitcast=True) + (1 << 21)) & 0x7F800000) >> 23
+    code = tl.minimum(tl.maximum(biased - 2, 0), 254)  # the scale's e8m0 code
+    # Powers of two from their bits: multiplying by them is exact (a division may not be).
+    scale = e8m0_to_float(code)[:, :, None]
+    scaled = groups * e8m0_to_float(254 - code)[:, :, None]
+    magnitude = tl.abs(scaled)
+    step = tl.where(magnitude < 2.0, 0.5, tl.where(magnitude < 4.0, 1.0, 2.0))
+    # Round to nearest even: adding and subtracting 2 ** 23 leaves an fp32 below 2 ** 22 on the
+    # integer grid, rounded as fp32 addition rounds.
+    units = (magnitude * (1.0 / step) + 8388608.0) - 8388608.0
+    rounded = tl.minimum(units * step, 6.0)
+    out = tl.where(scaled < 0, -rounded, rounded) * scale
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
+             tl.reshape(out, [BLOCK_R, BLOCK_K]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@mxfp4_quant_dequant.register("triton")
+def mxfp4_quant_dequant_triton(x: torch.Tensor) -> torch.Tensor:
+    _check_mxfp4_qdq_input(x)
+    check_last_dim_contiguous("mxfp4_quant_dequant input", x)
+    rows = x.reshape(-1, x.shape[-1])
+    num_rows, k = rows.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    block_k = min(256, triton.next_power_of_2(k))
+    block_r = max(1, 2048 // block_k)
+    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(k, block_k))
+    _mxfp4_quant_dequant_kernel[grid](rows, out, num_rows, k, rows.stride(0), BLOCK_R=block_r,
+                                      BLOCK_K=block_k, num_warps=4)
+    return out

@@ -99,6 +99,7 @@ FAKES: dict[str, Callable] = {
     "grouped_topk": _routing,
     "router_logits": _router_logits,
     "fused_moe": _same_as_first,
+    "mxfp4_quant_dequant": _same_as_first,
     "per_tensor_quant_fp8": _per_tensor_quantized,
     "per_token_quant_fp8": _per_token_quantized,
     "per_group_quant_fp8": _per_group_quantized,

@@ -30,6 +30,7 @@ def fused_moe_aiter(
     w2_scale: torch.Tensor | None = None,
     block_size: int = 0,
     weight_format: str = "auto",
+    input_format: str = "auto",
 ) -> torch.Tensor:
     kinds = {"silu": "Silu", "gelu": "Gelu"}
     # Interleaved gate/up rows, biases and FP8 or MXFP4 experts (AITER's quantized MoE is not
@@ -54,6 +55,7 @@ def fused_moe_aiter(
             w2_scale=w2_scale,
             block_size=block_size,
             weight_format=weight_format,
+            input_format=input_format,
         )
     from aiter import ActivationType
     from aiter.fused_moe import fused_moe as aiter_fused_moe
