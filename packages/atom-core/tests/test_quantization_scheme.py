@@ -214,3 +214,61 @@ def test_a_vision_language_checkpoint_lists_its_language_model_modules_by_their_
         r"re:model\.layers\.1\..*", "re:.*visual.*"]
     assert vlm.quantization_config["modules_to_not_convert"] == listed
     assert language_model_config(text, text) is text
+
+
+# AMD Quark MXFP4 (W4A4), as atom_core.testing.quark_checkpoints writes it (the published layout).
+def quark(**changes) -> dict:
+    from atom_core.testing.quark_checkpoints import quark_mxfp4_config
+
+    config = quark_mxfp4_config()
+    for key, value in changes.items():
+        *path, last = key.split(".")
+        node = config
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return config
+
+
+def test_quark_mxfp4_is_w4a4_with_quarks_exclude_globs():
+    config = parse(quark(exclude=["*self_attn*", "*mlp.gate", "lm_head", "re:.*layers\\.61\\..*",
+                                  "model.layers.3.mlp.shared_experts.down_proj"]))
+    assert config.method == "quark" and config.scheme == Mxfp4Scheme(32, quantized_inputs=True)
+    names = WeightMap(stacked=STACKED_QKV_GATE_UP).checkpoint_modules
+    unquantized = ["model.layers.0.self_attn.q_a_proj", "model.layers.5.self_attn.kv_b_proj",
+                   "model.layers.3.mlp.gate", "lm_head", "model.layers.61.mlp.experts",
+                   "model.layers.3.mlp.shared_experts.down_proj"]
+    quantized = ["model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj",
+                 "model.layers.3.mlp.shared_experts.gate_up_proj", "model.layers.4.mlp.shared_experts.down_proj"]
+    assert all(config.scheme_for(name, names) is None for name in unquantized)
+    assert all(config.scheme_for(name, names) is not None for name in quantized)
+    assert config.scheme_for("model.layers.3.mlp.experts", experts=True) is not None
+
+
+@pytest.mark.parametrize("changes,reason", [
+    ({"global_quant_config.weight.dtype": "fp8_e4m3", "global_quant_config.input_tensors.dtype": "fp8_e4m3"},
+     "quark global_quant_config.weight.dtype 'fp8_e4m3' is not supported"),
+    ({"global_quant_config.weight.dtype": "int4"}, "quark global_quant_config.weight.dtype 'int4'"),
+    ({"global_quant_config.weight.group_size": 16}, "quark global_quant_config.weight.group_size 16"),
+    ({"global_quant_config.weight.scale_format": "float"}, "weight.scale_format 'float'"),
+    ({"global_quant_config.input_tensors": None}, "quark global_quant_config.input_tensors None"),
+    ({"global_quant_config.input_tensors.is_dynamic": False}, "input_tensors.is_dynamic False"),
+    ({"global_quant_config.input_tensors.dtype": "fp8_e4m3"}, "input_tensors.dtype 'fp8_e4m3'"),
+    ({"global_quant_config.weight.scale_calculation_mode": "ceil"}, "scale_calculation_mode 'ceil'"),
+    ({"global_quant_config.output_tensors": {"dtype": "fp8_e4m3"}}, "global_quant_config.output_tensors"),
+    ({"layer_quant_config": {"*down_proj": {}}}, "quark layer_quant_config (per-layer overrides"),
+    ({"layer_type_quant_config": {"Linear": {}}}, "quark layer_type_quant_config"),
+    ({"export.kv_cache_group": ["*k_proj", "*v_proj"]}, "quark export.kv_cache_group"),
+])
+def test_other_quark_variants_name_the_key(changes, reason):
+    with pytest.raises(UnsupportedQuantization, match=re.escape(reason)):
+        parse(quark(**changes))
+
+
+def test_quark_mxfp4_is_served_for_deepseek_v3_only():
+    model = dataclasses.replace(hosted(quark(), "quark", num_hidden_layers=2, q_lora_rank=None),
+                                architecture="DeepseekV3ForCausalLM")
+    assert decide_takeover(model).reasons == ()
+    qwen3 = dataclasses.replace(model, architecture="Qwen3MoeForCausalLM")
+    assert decide_takeover(qwen3).reasons == (
+        "quantization 'quark' (MXFP4) is served for DeepSeek-V3 only, not Qwen3MoeForCausalLM",)

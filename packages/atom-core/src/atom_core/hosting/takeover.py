@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | a scheme ATOM does not serve; online FP8; MXFP4 (opt-in); MLA KV scales; any, in a VLM |
+| quantization | unserved schemes; online FP8; MXFP4 (opt-in); Quark MXFP4 attention; MLA KV scales; any, in a VLM |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | context parallelism | ATOM's attention keeps each sequence's KV cache whole on every rank |
@@ -45,7 +45,7 @@ from atom_core import envs
 from atom_core.layers.rotary import SUPPORTED_ROPE_TYPES, hf_rope_parameters
 from atom_core.log import logger
 from atom_core.models import SUPPORTED_ARCHITECTURES
-from atom_core.quantization import Mxfp4Scheme, UnsupportedQuantization, quant_config_from_hf
+from atom_core.quantization import Mxfp4Scheme, QuantConfig, UnsupportedQuantization, quant_config_from_hf
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -114,6 +114,8 @@ def _quantization(model: HostedModel) -> str | None:
     if model.quantization not in (None, checkpoint.method):
         return (f"quantization {model.quantization!r} differs from the checkpoint's "
                 f"{checkpoint.method!r}")
+    if checkpoint.method == "quark":
+        return _quark_mxfp4(model, checkpoint)
     if isinstance(checkpoint.scheme, Mxfp4Scheme):
         if not SUPPORTED_ARCHITECTURES[model.architecture].mxfp4_experts:
             return f"quantization 'mxfp4' is served for GPT-OSS only, not {model.architecture}"
@@ -124,6 +126,26 @@ def _quantization(model: HostedModel) -> str | None:
         return "KV-cache scales of MLA models are not supported"
     if checkpoint.scheme.static_input and _has_experts(model):
         return "static FP8 activation scales on MoE experts are not supported"
+    return None
+
+
+# MLA's projections (atom_core.layers.mla; q through q_a_proj / q_b_proj with a q LoRA rank), which
+# ATOM does not run in MXFP4: a Quark checkpoint must leave them out (its ``exclude``).
+MLA_PROJECTIONS = ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+
+
+def _quark_mxfp4(model: HostedModel, checkpoint: QuantConfig) -> str | None:
+    """Quark MXFP4 (W4A4): DeepSeek-V3's dense MLPs, shared and routed experts; no attention."""
+    if not SUPPORTED_ARCHITECTURES[model.architecture].quark_mxfp4:
+        return f"quantization 'quark' (MXFP4) is served for DeepSeek-V3 only, not {model.architecture}"
+    hf = model.hf_config
+    q_projections = ("q_a_proj", "q_b_proj") if getattr(hf, "q_lora_rank", None) else ("q_proj",)
+    for layer in range(hf.num_hidden_layers):
+        for projection in (*q_projections, *MLA_PROJECTIONS):
+            name = f"model.layers.{layer}.self_attn.{projection}"
+            if checkpoint.scheme_for(name) is not None:
+                return (f"quark MXFP4 attention projections are not supported ({name} is not in "
+                        "'exclude'; ATOM serves MXFP4 MLPs and experts)")
     return None
 
 

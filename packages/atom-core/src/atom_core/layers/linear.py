@@ -10,6 +10,10 @@ output channel, plus ``input_scale`` for static activations). Every layer kind p
 tensor the same way, through :meth:`LinearBase.row_plan`: which rows of the full tensor are this
 rank's and where they go; block scales follow in units of blocks, and a per-tensor scale fills its
 shard's channels.
+
+Under an MXFP4 scheme (AMD Quark's W4A4 checkpoints) ``weight`` is uint8 [N, K / 2], two e2m1 values
+a byte, with a uint8 e8m0 ``weight_scale`` [N, K / 32] (atom_core.quantization.mxfp4); a rank's
+share of a row-parallel input dim is whole 32-value blocks.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from atom_core.quantization.fp8 import (
     fused_input_quant,
     weight_scale_shape,
 )
+from atom_core.quantization.mxfp4 import mxfp4_linear, mxfp4_param_shapes
+from atom_core.quantization.scheme import Mxfp4Scheme
 
 
 def input_quant_of(module: nn.Module) -> ActivationQuant | None:
@@ -106,6 +112,9 @@ class LinearBase(nn.Module):
         # and dequantizes an FP8 checkpoint weight at load (MLA's kv_b_proj, read as W_UK / W_UV).
         self.checkpoint_scheme = layer_scheme(prefix)
         self.scheme = None if dequantize else self.checkpoint_scheme
+        if isinstance(self.checkpoint_scheme, Mxfp4Scheme):
+            self._make_mxfp4_params(input_size, output_size, bias, expected_shards, dequantize)
+            return
         dtype = None if self.scheme is None else FP8_DTYPE
         self.weight = make_param((output_size, input_size), self.weight_loader, expected_shards, dtype)
         # A row-parallel bias is added once, after the reduction: it is not sharded.
@@ -131,6 +140,20 @@ class LinearBase(nn.Module):
                 # The largest of the fused shards' scales: loaded with max, so it starts at zero.
                 self.input_scale = make_param((1,), self.weight_loader, expected_shards, torch.float32)
                 self.input_scale.data.zero_()
+
+    def _make_mxfp4_params(self, input_size: int, output_size: int, bias: bool, expected_shards: Sequence,
+                           dequantize: bool) -> None:
+        """Packed uint8 ``weight`` and ``weight_scale`` (module docstring); no activation fusion."""
+        if dequantize:
+            raise ValueError(f"{self.prefix}: an MXFP4 layer cannot be dequantized at load")
+        block = self.checkpoint_scheme.block
+        if input_size % block:
+            raise ValueError(f"{self.prefix}: MXFP4 needs an input size (per TP rank: {input_size}) "
+                             f"that is a multiple of {block}")
+        for name, shape in mxfp4_param_shapes(self.checkpoint_scheme, output_size, input_size).items():
+            self.register_parameter(name, make_param(shape, self.weight_loader, expected_shards, torch.uint8))
+        self.bias = make_param((output_size,), self.weight_loader, expected_shards) if bias else None
+        self.input_scale = self.input_quant = None
 
     def _check_blocks(self, output_size: int, input_size: int) -> None:
         """Block scales cannot straddle a TP split or a fused shard boundary."""
@@ -181,7 +204,9 @@ class LinearBase(nn.Module):
 
     def rows_per_entry(self, param: nn.Parameter) -> int:
         """Weight rows one row of ``param`` covers: 1, or a block-FP8 scale's block."""
-        return 1 if param.dim() == 1 or param is self.weight else self.checkpoint_scheme.weight_block
+        if param.dim() == 1 or param is self.weight or isinstance(self.checkpoint_scheme, Mxfp4Scheme):
+            return 1
+        return self.checkpoint_scheme.weight_block
 
     def _dequantize_when_complete(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """Keep the FP8 weight or its scale, whichever comes first; with both, load the dequantized
@@ -199,6 +224,8 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor | QuantizedActivation, bias: torch.Tensor | None) -> torch.Tensor:
         if self.scheme is None:
             return F.linear(x, self.weight, bias)
+        if isinstance(self.scheme, Mxfp4Scheme):
+            return mxfp4_linear(x, self.scheme, self.weight, self.weight_scale, bias)
         return fp8_linear(x, self.scheme, self.weight, getattr(self, self.scheme.weight_scale_name),
                           self.input_scale, bias)
 

@@ -23,7 +23,9 @@ fills its expert's channels). Expert activations are quantized dynamically.
 Under an MXFP4 scheme (gpt-oss as published) the weights stay packed as they ship: ``w13_weight``
 uint8 [E, 2 * I/tp, D / 2] and ``w2_weight`` uint8 [E, D, I/tp / 2], two e2m1 values per byte, with
 e8m0 ``w13_weight_scale`` uint8 [E, 2 * I/tp, D / 32] and ``w2_weight_scale`` [E, D, I/tp / 32]; a
-rank's share of the intermediate dim is whole 32-value blocks. Activations are not quantized.
+rank's share of the intermediate dim is whole 32-value blocks. gpt-oss's activations are not
+quantized; AMD Quark's W4A4 experts (per expert, ``experts.{e}.gate_proj.weight`` uint8 [I, D / 2]
+and ``.weight_scale`` uint8 [I, D / 32], ...) round both GEMMs' inputs to MXFP4 and back.
 A checkpoint provides them in one of two layouts, which fixes the parameters' shard ids:
 
 - per expert, nn.Linear style (``experts.{e}.gate_proj.weight`` [I, D], ...): shard ids
@@ -199,10 +201,9 @@ class FusedMoE(nn.Module):
                 (num_experts, *w2_scale), self.weight_loader, w2_shards, torch.float32))
 
     def _make_mxfp4_params(self, num_experts: int, hidden_size: int, per_expert: bool) -> None:
-        """Packed uint8 weights and e8m0 scales, as gpt-oss ships them (module docstring)."""
+        """Packed uint8 weights and e8m0 scales, as gpt-oss (stacked) or Quark (per expert) ships
+        them (module docstring)."""
         block, inter = self.scheme.block, self.local_intermediate
-        if per_expert:
-            raise ValueError(f"{self.prefix}: MXFP4 experts need GPT-OSS's stacked checkpoint tensors")
         if hidden_size % block or inter % block:
             raise ValueError(f"{self.prefix}: MXFP4 experts need the hidden size {hidden_size} and the "
                              f"per-rank intermediate size {inter} (TP {self.tp.world_size}) to be "
@@ -210,8 +211,12 @@ class FusedMoE(nn.Module):
         shapes = {"w13_weight": (2 * inter, hidden_size // 2), "w2_weight": (hidden_size, inter // 2),
                   "w13_weight_scale": (2 * inter, hidden_size // block),
                   "w2_weight_scale": (hidden_size, inter // block)}
+        experts = range(num_experts)
         for name, shape in shapes.items():
-            self.register_parameter(name, make_param((num_experts, *shape), self.weight_loader,
+            shards = (None,)
+            if per_expert:
+                shards = [(e, j) for e in experts for j in (0, 1)] if name.startswith("w13") else experts
+            self.register_parameter(name, make_param((num_experts, *shape), self.weight_loader, shards,
                                                      dtype=torch.uint8))
 
     @property
@@ -284,8 +289,11 @@ class FusedMoE(nn.Module):
         expert, half = shard_id if gate_up else (shard_id, None)
         target = param.data[expert]
         unit = 1
-        if param is self.w13_scale or param is self.w2_scale:
-            unit = self.scheme.weight_block or 1
+        if self.mxfp4 and not gate_up:
+            # Down's input dim splits: a rank's bytes (two values each) or scales (a block each).
+            unit = 2 if param is self.w2_weight else self.scheme.block
+        elif param is self.w13_scale or param is self.w2_scale:
+            unit = 1 if self.mxfp4 else self.scheme.weight_block or 1
             if target.dim() == 1:  # per output channel, shipped as [N], [N, 1] or one per tensor
                 full = self.local_intermediate * self.tp.world_size if gate_up else target.shape[0]
                 loaded = loaded.reshape(-1).expand(full) if loaded.numel() == 1 else loaded.reshape(-1)
@@ -306,6 +314,7 @@ class FusedMoE(nn.Module):
             w13_scale=self.w13_scale, w2_scale=self.w2_scale,
             block_size=0 if self.scheme is None or self.mxfp4 else self.scheme.weight_block or 0,
             weight_format="mxfp4" if self.mxfp4 else "auto",
+            input_format="mxfp4" if self.mxfp4 and self.scheme.quantized_inputs else "auto",
         )
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,9 @@ class ModelEntry:
     # MXFP4 checkpoints as published (gpt-oss) quantize GPT-OSS's stacked experts; no other family
     # has them in that layout.
     mxfp4_experts: bool = False
+    # AMD Quark's MXFP4 (W4A4) checkpoints of the family (amd/DeepSeek-R1-0528-MXFP4,
+    # amd/Kimi-K2-Thinking-MXFP4): their MLPs and experts; attention must be left unquantized.
+    quark_mxfp4: bool = False
     recurrent_state: bool = False
     # The architecture is a vision-language model: ATOM's class is its language model, reading the
     # text config; the host keeps the vision tower and the multimodal processing.
@@ -27,7 +30,8 @@ class ModelEntry:
 
 SUPPORTED_ARCHITECTURES: dict[str, ModelEntry] = {
     "DeepseekV2ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV2ForCausalLM", True),
-    "DeepseekV3ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV3ForCausalLM", True),
+    "DeepseekV3ForCausalLM": ModelEntry("atom_core.models.deepseek_v2", "DeepseekV3ForCausalLM", True,
+                                        quark_mxfp4=True),
     "Glm4MoeForCausalLM": ModelEntry("atom_core.models.glm4_moe", "Glm4MoeForCausalLM", True),
     "GptOssForCausalLM": ModelEntry("atom_core.models.gpt_oss", "GptOssForCausalLM", True,
                                        mxfp4_experts=True, expert_intermediate_key="intermediate_size"),

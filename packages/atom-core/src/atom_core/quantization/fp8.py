@@ -24,7 +24,7 @@ import torch
 
 import atom_kernels
 from atom_core.envs import fp8_activation_fusion_disabled
-from atom_core.quantization.scheme import Fp8Scheme
+from atom_core.quantization.scheme import Fp8Scheme, Mxfp4Scheme
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -52,12 +52,12 @@ class ActivationQuant:
         return QuantizedActivation(*atom_kernels.per_group_quant_fp8(x, self.group_size), x.dtype)
 
 
-def fused_input_quant(scheme: Fp8Scheme | None) -> ActivationQuant | None:
+def fused_input_quant(scheme: Fp8Scheme | Mxfp4Scheme | None) -> ActivationQuant | None:
     """How the layer before one of ``scheme`` may quantize that layer's input in its own kernel: for
     dynamic activations per token, or per group of a power-of-two block (every published
     block-FP8 checkpoint uses 128; the fused kernels tile whole groups). None for unquantized and
-    static-input layers, and when ATOM_DISABLE_FP8_ACTIVATION_FUSION=1."""
-    if scheme is None or scheme.static_input or fp8_activation_fusion_disabled():
+    static-input layers, MXFP4 ones, and when ATOM_DISABLE_FP8_ACTIVATION_FUSION=1."""
+    if not isinstance(scheme, Fp8Scheme) or scheme.static_input or fp8_activation_fusion_disabled():
         return None
     block = scheme.weight_block
     if block is not None and block & (block - 1):

@@ -22,10 +22,21 @@ gate/up) keep each shard's own scale exactly. Layers the config leaves unquantiz
 32 along each row's input dim with an e8m0 scale per block (:class:`Mxfp4Scheme`); every other
 layer ships in bf16 whatever ``modules_to_not_convert`` says, as in HF transformers. ATOM serves it
 for GPT-OSS's stacked experts only (atom_core.hosting.takeover); activations stay in the model dtype.
+
+``quark`` (AMD Quark, as amd/DeepSeek-R1-0528-MXFP4 ships): MXFP4 weights and activations (W4A4),
+``global_quant_config`` with ``weight`` and ``input_tensors`` both ``fp4``, ``per_group`` of 32 with
+``e8m0`` scales, the weights static and the activations dynamic. Every linear layer outside
+``exclude`` is quantized (the weight as ``weight`` uint8 [N, K / 2] and ``weight_scale`` uint8
+[N, K / 32]); its input is rounded to MXFP4 and back per 32 values before the matmul. ``exclude``
+holds module names, ``fnmatch`` globs (``*self_attn*``) and ``re:`` patterns. Every other Quark
+configuration (FP8, INT4/INT8, NVFP4, other group sizes, static activation scales, per-layer or
+per-layer-type overrides, quantized outputs or biases, KV-cache groups) is refused with the key that
+differs.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,9 +63,12 @@ class Fp8Scheme:
 class Mxfp4Scheme:
     """MXFP4 (OCP microscaling) weights: two e2m1 values per uint8 (the first in the low nibble),
     in blocks of ``block`` values along the input dim, each with a uint8 e8m0 scale (the power of
-    two ``2 ** (scale - 127)``). Weight-only: activations stay in the model dtype."""
+    two ``2 ** (scale - 127)``). ``quantized_inputs`` (Quark's W4A4): each quantized layer's input is
+    rounded to MXFP4 and back per block (atom_kernels.mxfp4_quant_dequant); otherwise (gpt-oss)
+    activations stay in the model dtype."""
 
     block: int = 32
+    quantized_inputs: bool = False
 
 
 # HF's boundary for a module name pattern: the match ends at a dot or at the end of the name.
@@ -198,10 +212,64 @@ def _mxfp4(config: Mapping[str, Any]) -> QuantConfig:
                        _ignored(config, "modules_to_not_convert"), experts_only=True)
 
 
+# Quark's MXFP4 tensor spec (weights: static; inputs: dynamic). Keys Quark writes beside these
+# (``observer_cls``, ``is_scale_quant``, ...) say how the checkpoint was made, not how it is read.
+_QUARK_MXFP4 = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "scale_format": "e8m0"}
+# Optional keys: when present, the value ATOM computes with (``ch_axis`` -1: groups along the input
+# dim; ties to even; the shared scale rounded in Quark's ``even`` mode, atom_kernels.mxfp4).
+_QUARK_MXFP4_OPTIONAL = {"ch_axis": -1, "round_method": "half_even", "scale_calculation_mode": "even",
+                         "mx_element_dtype": None}
+
+
+def _quark_tensor_spec(spec: Any, where: str, dynamic: bool) -> None:
+    if not isinstance(spec, Mapping):
+        raise UnsupportedQuantization(f"quark {where} {spec!r} is not supported (one MXFP4 spec)")
+    expected = {**_QUARK_MXFP4, "is_dynamic": dynamic}
+    for key, value in expected.items():
+        got = bool(spec.get(key)) if key == "is_dynamic" else spec.get(key)
+        if got != value:
+            raise UnsupportedQuantization(
+                f"quark {where}.{key} {spec.get(key)!r} is not supported (ATOM serves MXFP4: fp4 "
+                "per_group of 32 with e8m0 scales, static weights and dynamic activations)")
+    for key, value in _QUARK_MXFP4_OPTIONAL.items():
+        if key in spec and spec[key] != value:
+            raise UnsupportedQuantization(f"quark {where}.{key} {spec[key]!r} is not supported "
+                                          f"(only {value!r})")
+
+
+def _quark_exclude_entry(entry: str) -> str:
+    """Quark's ``exclude`` entry in :meth:`QuantConfig._left_unquantized`'s terms: a glob becomes
+    an ``re:`` pattern matching the whole name, or a module under it."""
+    if entry.startswith("re:") or not any(c in entry for c in "*?["):
+        return entry
+    return f"re:{fnmatch.translate(entry)}|{fnmatch.translate(entry + '.*')}"
+
+
+def _quark(config: Mapping[str, Any]) -> QuantConfig:
+    for key in ("layer_quant_config", "layer_type_quant_config"):
+        if config.get(key):
+            raise UnsupportedQuantization(f"quark {key} (per-layer overrides: {sorted(config[key])}) "
+                                          "is not supported")
+    kv_cache_group = (config.get("export") or {}).get("kv_cache_group")
+    if kv_cache_group:
+        raise UnsupportedQuantization(f"quark export.kv_cache_group {kv_cache_group} (KV-cache "
+                                      "quantization) is not supported")
+    spec = config.get("global_quant_config") or {}
+    for key in ("output_tensors", "bias"):
+        if spec.get(key):
+            raise UnsupportedQuantization(f"quark global_quant_config.{key} (quantized {key}) is not "
+                                          "supported")
+    _quark_tensor_spec(spec.get("weight"), "global_quant_config.weight", dynamic=False)
+    _quark_tensor_spec(spec.get("input_tensors"), "global_quant_config.input_tensors", dynamic=True)
+    exclude = tuple(_quark_exclude_entry(entry) for entry in config.get("exclude") or ())
+    return QuantConfig("quark", Mxfp4Scheme(_QUARK_MXFP4["group_size"], quantized_inputs=True), exclude)
+
+
 _PARSERS = {
     "fp8": _fp8,
     "compressed-tensors": _compressed_tensors,
     "mxfp4": _mxfp4,
+    "quark": _quark,
     # vLLM 0.26 renames gpt-oss's "mxfp4" in the hf_config it builds models from, and in its resolved
     # quantization (GptOssForCausalLMConfig.verify_and_update_model_config). Delete when vLLM keeps
     # the checkpoint's name.

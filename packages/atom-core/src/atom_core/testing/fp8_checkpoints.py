@@ -32,7 +32,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -287,19 +287,19 @@ def fake_quantize(x: torch.Tensor, quantization: dict[str, Any], input_scale: to
     return (q.float() * scale).view(x.shape).to(x.dtype)
 
 
-def _fake_quantized_experts(quantization: dict[str, Any]):
+def fake_quantized_experts(round_input: Callable[[torch.Tensor], torch.Tensor]):
     """A forward hook for HF's fused experts modules (3-D ``gate_up_proj`` [E, 2I, D] and
     ``down_proj`` [E, D, I], called with hidden states, top-k ids and top-k weights) that recomputes
-    their output with both GEMMs' inputs fake-quantized (dynamically: ATOM serves no static MoE)."""
+    their output with both GEMMs' inputs passed through ``round_input`` (a fake quantization)."""
 
     def hook(module, args, kwargs, output):
         hidden, top_k_index, top_k_weights = (*args, *kwargs.values())[:3]
         out = torch.zeros_like(hidden)
         for expert in top_k_index.unique().tolist():
             token, slot = torch.where(top_k_index == expert)
-            x = fake_quantize(hidden[token], quantization, None)
+            x = round_input(hidden[token])
             gate, up = torch.nn.functional.linear(x, module.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = fake_quantize(module.act_fn(gate) * up, quantization, None)
+            h = round_input(module.act_fn(gate) * up)
             down = torch.nn.functional.linear(h, module.down_proj[expert])
             out.index_add_(0, token, down * top_k_weights[token, slot, None])
         return out
@@ -326,7 +326,9 @@ def fake_quantized_activations(model: torch.nn.Module, fp8_dir: str) -> Iterator
             handles.append(module.register_forward_pre_hook(
                 lambda m, args, scale=scale: (fake_quantize(args[0], quantization, scale), *args[1:])))
         elif getattr(module, "gate_up_proj", None) is not None and f"{name}.0.down_proj.weight" in tensors:
-            handles.append(module.register_forward_hook(_fake_quantized_experts(quantization), with_kwargs=True))
+            # Dynamically: ATOM serves no static MoE.
+            experts_hook = fake_quantized_experts(lambda x: fake_quantize(x, quantization, None))
+            handles.append(module.register_forward_hook(experts_hook, with_kwargs=True))
     try:
         yield
     finally:

@@ -46,11 +46,16 @@ GPT_OSS_QUANTIZATION_CONFIG = {
 _EXPERT_WEIGHT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 
 
-def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_mxfp4(weight: torch.Tensor, even_scale: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(blocks uint8 [..., N, K / 32, 16], scales uint8 [..., N, K / 32], dequantized fp32
-    [..., N, K])`` of ``weight`` [..., N, K], blocked along K."""
+    [..., N, K])`` of ``weight`` [..., N, K], blocked along K. ``even_scale``: AMD Quark's scale
+    (its ``scale_calculation_mode: even``): the amax is first rounded to a power of two, up from 1.75
+    times one, so that no value scales past 7 and saturates."""
     values = weight.float().unflatten(-1, (-1, BLOCK))
     amax = values.abs().amax(-1, keepdim=True)
+    if even_scale:
+        power = torch.exp2(torch.floor(torch.log2(amax)))
+        amax = torch.where(amax >= 1.75 * power, 2 * power, power)
     # An all-zero block takes the smallest scale; its values are zeros whatever the scale.
     exponent = torch.where(amax > 0, torch.floor(torch.log2(amax)) - E2M1_EMAX, -E8M0_BIAS)
     exponent = exponent.clamp(-E8M0_BIAS, E8M0_BIAS)
