@@ -30,7 +30,12 @@ from vllm_testing import (
 
 from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.models import SUPPORTED_ARCHITECTURES
-from atom_core.testing.fp8_checkpoints import write_block_fp8_checkpoint, write_tiny_fp8_checkpoint
+from atom_core.testing.fp8_checkpoints import (
+    TINY_FP8_OVERRIDES,
+    write_block_fp8_checkpoint,
+    write_fp8_checkpoint,
+    write_tiny_fp8_checkpoint,
+)
 from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.tiny_models import VOCAB_SIZE
 from atom_vllm.config_translation import takeover_decision
@@ -56,12 +61,34 @@ def rope(rope_type: str) -> dict:
     return {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}
 
 
+def write_quark_fp8_checkpoint(model: str, out_dir: str) -> str:
+    """A Quark W8A8 FP8 checkpoint (per-tensor, static inputs): a Quark variant ATOM does not serve."""
+    import json
+    import os
+
+    fp8 = write_fp8_checkpoint(model, out_dir, "fp8-tensor-static")
+    spec = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False, "symmetric": True}
+    with open(os.path.join(fp8, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {
+        "quant_method": "quark", "export": {"kv_cache_group": [], "pack_method": "reorder"},
+        "global_quant_config": {"weight": spec, "input_tensors": spec, "output_tensors": None, "bias": None},
+        "layer_quant_config": {}, "layer_type_quant_config": {}, "exclude": ["lm_head"],
+    }
+    with open(os.path.join(fp8, "config.json"), "w") as f:
+        json.dump(config, f)
+    return fp8
+
+
 HAND_BACK_CELLS = {
     # cell: (architecture, tiny-model overrides, LLM kwargs, checkpoint writer, reason in the log line)
     "dynamic rope": ("LlamaForCausalLM", {"rope_parameters": rope("dynamic")},
                      {}, None, "rope type 'dynamic' is not supported"),
     "online quantization fp8": ("Qwen3ForCausalLM", {}, {"quantization": "fp8", **BF16}, None,
                                 "online quantization 'fp8' of an unquantized checkpoint is not supported"),
+    "Quark FP8": ("Qwen3ForCausalLM", TINY_FP8_OVERRIDES["Qwen3ForCausalLM"], BF16, write_quark_fp8_checkpoint,
+                  "quark global_quant_config.weight.dtype 'fp8_e4m3' is not supported (ATOM serves MXFP4: fp4 "
+                  "per_group of 32 with e8m0 scales, static weights and dynamic activations)"),
 }
 
 
