@@ -13,7 +13,8 @@ from atom_kernels.registry import OPS, Op
 # Ops that AITER has no adapter for yet: Qwen3-Next's linear attention, MLA's expanded keys, and the
 # norm and activation that quantise their output to fp8 (on ROCm their Triton kernels run).
 WITHOUT_AITER = {"causal_conv1d", "causal_conv1d_decode", "gated_delta_rule", "gated_delta_rule_decode",
-                 "concat_mla_k", "rms_norm_quant_fp8", "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8"}
+                 "concat_mla_k", "rms_norm_quant_fp8", "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8",
+                 "mxfp4_quant_dequant"}
 # A plain GEMM: torch's own kernels on GPUs (torchlib), the fp32 reference elsewhere.
 GEMM_ONLY = {"router_logits": {"torch", "torchlib"}}
 
@@ -139,7 +140,7 @@ def test_ops_carry_their_stub_signature_and_docs():
 def test_custom_op_schemas_follow_the_stubs():
     schema = torch.ops.atom.fused_moe.default._schema
     assert [a.name for a in schema.arguments] == list(atom_kernels.fused_moe.__signature__.parameters)
-    assert [a.kwarg_only for a in schema.arguments][5:] == [True] * 10
+    assert [a.kwarg_only for a in schema.arguments][5:] == [True] * 11
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU behaviour")
