@@ -13,6 +13,7 @@ refuses MLA on CPU). So the references are HF's own DeepSeek-V3 on the dequantiz
   shows that the first match is not trivial.
 """
 
+import dataclasses
 import json
 import os
 
@@ -20,7 +21,7 @@ import pytest
 import torch
 from test_hf_parity import atom_batch_logits, atom_model
 
-from atom_core.hosting.takeover import HostedModel, decide_takeover
+from atom_core.hosting.takeover import QUARK_MXFP4_GPU_OPT_IN_REASON, HostedModel, decide_takeover
 from atom_core.loader import CheckpointError
 from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.quark_checkpoints import (
@@ -95,12 +96,18 @@ def test_a_bf16_tensor_where_the_config_says_mxfp4_names_the_tensor(tiny_model_d
         atom_model(quark)
 
 
-def test_attention_left_quantized_is_handed_back(checkpoints):
+def test_attention_left_quantized_is_handed_back(checkpoints, monkeypatch):
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(checkpoints[0])
     hosted = HostedModel("vLLM", "DeepseekV3ForCausalLM", hf_config, torch.bfloat16, quantization="quark")
     assert decide_takeover(hosted).atom_serves
+    # On a GPU the host keeps it unless opted in (ATOM's A4 is emulated there, unmeasured).
+    monkeypatch.delenv("ATOM_SERVE_MXFP4", raising=False)
+    on_gpu = dataclasses.replace(hosted, device="cuda")
+    assert decide_takeover(on_gpu).reasons == (QUARK_MXFP4_GPU_OPT_IN_REASON,)
+    monkeypatch.setenv("ATOM_SERVE_MXFP4", "1")
+    assert decide_takeover(on_gpu).atom_serves
     hf_config.quantization_config["exclude"] = ["*mlp.gate", "lm_head"]
     assert decide_takeover(hosted).reasons == (
         "quark MXFP4 attention projections are not supported (model.layers.0.self_attn.q_a_proj is not in "

@@ -14,7 +14,7 @@ The reasons, in the order they are checked (each one is a function below):
 |---|---|
 | architecture | ATOM has no implementation of it |
 | task | the host runs the model as an embedding / pooling model, ATOM serves generation |
-| quantization | unserved schemes; online FP8; MXFP4 (opt-in); Quark MXFP4 attention; MLA KV scales; any, in a VLM |
+| quantization | unserved schemes; online FP8; MXFP4 (opt-in; Quark's on GPUs); MXFP4 attention; MLA KV scales; VLMs |
 | LoRA | ATOM's layers take no adapters |
 | pipeline parallelism | ATOM's models run whole on every rank |
 | context parallelism | ATOM's attention keeps each sequence's KV cache whole on every rank |
@@ -134,10 +134,19 @@ def _quantization(model: HostedModel) -> str | None:
 MLA_PROJECTIONS = ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 
 
+QUARK_MXFP4_GPU_OPT_IN_REASON = (
+    "Quark MXFP4 is left to the host on GPUs: ATOM emulates its MXFP4 activations and decodes the dense "
+    "MLPs' weights at every call, unmeasured on a GPU (ATOM_SERVE_MXFP4=1 serves it with ATOM)")
+
+
 def _quark_mxfp4(model: HostedModel, checkpoint: QuantConfig) -> str | None:
-    """Quark MXFP4 (W4A4): DeepSeek-V3's dense MLPs, shared and routed experts; no attention."""
+    """Quark MXFP4 (W4A4): DeepSeek-V3's dense MLPs, shared and routed experts; no attention. Served on
+    CPUs (where vLLM alone cannot run it: its emulation needs AMD Quark's GPU kernels); on GPUs, with
+    native FP4 (MI355) or without, only when opted in."""
     if not SUPPORTED_ARCHITECTURES[model.architecture].quark_mxfp4:
         return f"quantization 'quark' (MXFP4) is served for DeepSeek-V3 only, not {model.architecture}"
+    if model.device != "cpu" and not envs.serve_mxfp4():
+        return QUARK_MXFP4_GPU_OPT_IN_REASON
     hf = model.hf_config
     q_projections = ("q_a_proj", "q_b_proj") if getattr(hf, "q_lora_rank", None) else ("q_proj",)
     for layer in range(hf.num_hidden_layers):
