@@ -157,21 +157,29 @@ ENGINES = {
 }
 
 
+def word(token_id: int) -> str:
+    return f"<{token_id}>"
+
+
 def write_model_dir(config_path: str, model_dir: str) -> None:
-    """config.json plus a word-level tokenizer covering the whole vocabulary."""
+    """config.json plus a word-level tokenizer covering the whole vocabulary. Each word is bracketed
+    (``<17>``): HF's fast tokenizer matches its special tokens (eos, unk) anywhere in the text before
+    the word model, so with bare words (``t1``) an eos of id 1 split every word starting ``t1`` in two,
+    and vLLM's random prompts that started in that third of the vocabulary all became the same
+    ``t1 t0 t1 t0 ...``: prefix-cache hits (26 % of the prompt tokens at 627ee3d)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     os.makedirs(model_dir, exist_ok=True)
     config = json.load(open(config_path))
     json.dump(config, open(os.path.join(model_dir, "config.json"), "w"))
-    words = {f"t{i}": i for i in range(config["vocab_size"])}
-    tokenizer = Tokenizer(models.WordLevel(vocab=words, unk_token="t0"))
+    words = {word(i): i for i in range(config["vocab_size"])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=words, unk_token=word(0)))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(os.path.join(model_dir, "tokenizer.json"))
     eos = config.get("eos_token_id") or 0
     eos = eos[0] if isinstance(eos, list) else eos
-    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": f"t{eos}", "pad_token": f"t{eos}",
-               "unk_token": "t0", "model_max_length": config.get("max_position_embeddings", 4096)},
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": word(eos), "pad_token": word(eos),
+               "unk_token": word(0), "model_max_length": config.get("max_position_embeddings", 4096)},
               open(os.path.join(model_dir, "tokenizer_config.json"), "w"))
 
 
