@@ -53,7 +53,7 @@ NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm
     test_speculative_vllm.py)
 # Cells of those suites left to the 0.26 stage: each takes a host path that a sibling cell run on 0.32
 # takes too (the dense compile cell, the tensor-parallel cells, Qwen3 / Qwen3-MoE full attention in
-# test_vllm_parity, DeepSeek-V3's MLA, block FP8 on Qwen3 and DeepSeek-V3, one handed-back cell), or
+# test_vllm_parity, DeepSeek-V3's MLA, block FP8 on Qwen3 and DeepSeek-V3, two handed-back cells), or
 # checks vLLM alone rather than ATOM. Keeps CI well inside its 90 minutes.
 NEWEST_VLLM_REPEATED_CELLS=(
     "test_families_vllm.py::test_gpt_oss_tensor_parallel_2[tp+ep]"
@@ -64,6 +64,7 @@ NEWEST_VLLM_REPEATED_CELLS=(
     "test_mla_vllm_parity.py::test_atom_mla_matches_hf_with_prefix_cache[DeepseekV2ForCausalLM]"
     "test_mla_vllm_parity.py::test_atom_mla_with_forced_chunked_prefill[DeepseekV2ForCausalLM]"
     "test_takeover_vllm.py::test_handed_back_cells_end_as_vllm_alone[dynamic rope]"
+    "test_takeover_vllm.py::test_handed_back_cells_end_as_vllm_alone[Quark FP8]"
     "test_fp8_vllm.py::test_fp8_checkpoint_served_by_atom[Qwen3-MoE, block FP8]"
     "test_mla_vllm_parity.py::test_atom_mla_tensor_parallel_2_with_expert_parallel"
     "test_fp8_vllm.py::test_block_fp8_mla_tensor_parallel_2_with_expert_parallel")
