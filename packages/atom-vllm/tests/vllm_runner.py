@@ -6,7 +6,8 @@ of prompts, each a list of token ids or ``{"text": ..., "image": <image file>}``
 ``generate`` call, so later phases can hit the prefix cache filled by earlier ones), ``max_tokens``
 and optional ``llm_kwargs``; ``prompt_embeds: true`` sends
 each prompt as the rows of the checkpoint's embedding table for its ids, ``prompt_logprobs: true``
-returns the log-probability of every prompt token after the first.
+returns the log-probability of every prompt token after the first (a list of booleans: in those
+phases only; vLLM reads no prefix cache for a request that asks for them).
 """
 
 import json
@@ -59,16 +60,19 @@ def main() -> None:
     )
     kwargs.update(spec.get("llm_kwargs", {}))
     llm = LLM(model=spec["model"], **kwargs)
-    params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
-                            prompt_logprobs=0 if spec.get("prompt_logprobs") else None)
+    with_logprobs = spec.get("prompt_logprobs", False)
+    if isinstance(with_logprobs, bool):
+        with_logprobs = [with_logprobs] * len(spec["phases"])
     to_input = embedded_prompt(spec["model"]) if spec.get("prompt_embeds") else token_prompt
     phases = []
-    for prompts in spec["phases"]:
+    for prompts, logprobs in zip(spec["phases"], with_logprobs, strict=True):
+        params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
+                                prompt_logprobs=0 if logprobs else None)
         outputs = llm.generate([to_input(p) for p in prompts], params, use_tqdm=False)
         phases.append([
             {"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens or 0,
              **({"prompt_logprobs": [next(iter(lp.values())).logprob for lp in o.prompt_logprobs[1:]]}
-                if spec.get("prompt_logprobs") else {})}
+                if logprobs else {})}
             for o in outputs
         ])
     scheduler = llm.llm_engine.vllm_config.scheduler_config

@@ -1,0 +1,104 @@
+"""An AMD Quark MXFP4 (W4A4) DeepSeek-V3 checkpoint served by ATOM through real vLLM (CPU, bfloat16;
+the tiny DeepSeek-V3 of atom_core.testing.quark_checkpoints, in amd/DeepSeek-R1-0528-MXFP4's layout).
+
+vLLM alone cannot run it on CPU (its Quark MXFP4 emulation calls amd-quark's GPU kernels), and vLLM
+takes Quark checkpoints in 16-bit dtypes only. The reference is ATOM's model alone in bfloat16 on the
+same checkpoint (its float32 logits match HF's DeepSeek-V3 on the dequantized weights with the same
+activation rounding, atom-core's test_quark_mxfp4_parity.py).
+
+One engine, in 16-token steps (chunked prefill), with prefix caching, three phases:
+- prompts of 5, 1, 23 and 70 tokens, with prompt log-probabilities (vLLM reads no prefix cache for
+  such requests). vLLM's prefill runs ATOM's kernels on the same rows as ATOM alone: the
+  log-probabilities were equal bit for bit (0.0 apart; tolerance LOGPROB_TOLERANCE), and so the
+  first generated tokens are ATOM alone's greedy picks;
+- two prompts sharing the 70-token prompt's first 48, which they read from the prefix cache: their
+  first tokens, from a prefill over cached latents, are ATOM alone's greedy picks too;
+- the six prompts again, the longer ones from the prefix cache.
+
+Decoding runs MLA in its absorbed form (W_UK folded into the query), which rounds differently from
+the prefill form ATOM alone runs; so does a prefill step with one token left after the cached ones
+(the third phase's 65-token prompt). On this tiny random model a bfloat16 ulp that crosses an MXFP4
+rounding boundary (e2m1 keeps one mantissa bit) or flips a routing choice moves the log-probabilities
+by whole units: noise of one ulp on ATOM alone's embeddings moves them by up to 3.8. So the decoded
+tokens part from ATOM alone's greedy sequences after a few tokens (the third phase's 65-token prompt
+from its first token), and each is compared instead by how far its log-probability under ATOM alone,
+given the tokens before it, lies below the greedy pick's: 0.14 on average and 1.54 at worst,
+measured on vLLM 0.26 and 0.32 alike, against 3.6 for a token of median rank and 0.45 for the greedy
+tokens of the same model without the activation rounding.
+"""
+
+import pytest
+import torch
+from test_vllm_parity import make_prompts
+from vllm_testing import (
+    LOGPROB_TOLERANCE,
+    assert_atom_served,
+    assert_first_tokens_near_greedy,
+    run_vllm,
+    worst_prompt_logprob_diff,
+)
+
+from atom_core.testing.quark_checkpoints import write_tiny_quark_checkpoints
+from atom_core.testing.reference import atom_logits
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 12
+MLA_IMPL = "atom_vllm.attention.mla.ATOMMLAImpl"
+# The mean distance of the decoded tokens below ATOM alone's greedy pick (measured 0.14; above).
+DECODE_GAP_TOLERANCE = 0.5
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_model_dir, tmp_path_factory) -> str:
+    return write_tiny_quark_checkpoints(tiny_model_dir, str(tmp_path_factory.mktemp("deepseek-v3-quark")))[0]
+
+
+@pytest.fixture(scope="module")
+def phases() -> list[list[list[int]]]:
+    phase1, phase2 = make_prompts()
+    return [phase1, phase2, phase1 + phase2]
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint, phases) -> dict:
+    return run_vllm(checkpoint, phases, MAX_TOKENS, prompt_logprobs=[True, False, False],
+                    llm_kwargs={"dtype": "bfloat16", "max_num_batched_tokens": 16, "enable_chunked_prefill": True})
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    return atom_logits(checkpoint, torch.bfloat16)
+
+
+def test_served_by_atom(served):
+    assert_atom_served(served)
+    assert served["served_by"]["model_class"] == "atom_vllm.model_wrapper.ATOMMoEForCausalLM"
+    assert served["served_by"]["inner_class"] == "atom_core.models.deepseek_v2.DeepseekV3ForCausalLM"
+    assert served["served_by"]["attention_impls"] == [MLA_IMPL]
+    assert served["scheduler"] == {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}
+
+
+def test_prompt_logprobs_match_atom_alone(served, phases, reference):
+    worst = worst_prompt_logprob_diff(served["phases"][0], phases[0], reference)
+    assert worst < LOGPROB_TOLERANCE, f"prompt logprob differs by {worst:.3f}"
+
+
+def test_first_tokens_are_atom_alones_greedy_picks(served, phases, reference):
+    assert all(o["num_cached_tokens"] >= 32 for o in served["phases"][1])
+    assert_first_tokens_near_greedy(served["phases"][0] + served["phases"][1], phases[0] + phases[1], reference,
+                                    LOGPROB_TOLERANCE)
+
+
+def test_decoded_tokens_near_atom_alones_greedy_picks(served, phases, reference):
+    again = served["phases"][2]
+    assert all(o["num_cached_tokens"] >= 32 for o, prompt in zip(again, phases[2], strict=True) if len(prompt) >= 48)
+    gaps = []
+    for prompts, outputs in zip(phases, served["phases"], strict=True):
+        for prompt, output in zip(prompts, outputs, strict=True):
+            tokens = output["tokens"]
+            logprobs = reference(prompt + tokens)[len(prompt) - 1:-1].log_softmax(-1)
+            gaps += (logprobs.max(-1).values - logprobs[torch.arange(len(tokens)), tokens]).tolist()
+    mean = sum(gaps) / len(gaps)
+    print(f"decoded tokens below ATOM alone's greedy pick: {mean:.3f} on average, {max(gaps):.3f} at worst")
+    assert mean < DECODE_GAP_TOLERANCE, gaps
