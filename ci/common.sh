@@ -50,7 +50,7 @@ sync_newest_vllm_env() {
 NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm.py test_mla_backend.py
     test_mla_vllm_parity.py test_qwen3_next_vllm.py test_takeover_vllm.py test_kv_cache_fp8_vllm.py
     test_fp8_vllm.py test_mxfp4_vllm.py test_openai_server.py test_attention_warmup.py test_vllm_compile.py
-    test_speculative_vllm.py)
+    test_speculative_vllm.py test_quark_mxfp4_vllm.py)
 # Cells of those suites left to the 0.26 stage: each takes a host path that a sibling cell run on 0.32
 # takes too (the dense compile cell, the tensor-parallel cells, Qwen3 / Qwen3-MoE full attention in
 # test_vllm_parity, DeepSeek-V3's MLA, block FP8 on Qwen3 and DeepSeek-V3, two handed-back cells), or
