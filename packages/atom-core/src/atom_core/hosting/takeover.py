@@ -141,8 +141,9 @@ QUARK_MXFP4_GPU_OPT_IN_REASON = (
 
 def _quark_mxfp4(model: HostedModel, checkpoint: QuantConfig) -> str | None:
     """Quark MXFP4 (W4A4): DeepSeek-V3's dense MLPs, shared and routed experts; no attention. Served on
-    CPUs (where vLLM alone cannot run it: its emulation needs AMD Quark's GPU kernels); on GPUs, with
-    native FP4 (MI355) or without, only when opted in."""
+    CPUs (where vLLM alone cannot run it: its emulation needs AMD Quark's GPU kernels; nor SGLang alone:
+    its Quark config asks for a GPU's compute capability); on GPUs, with native FP4 (MI355) or without,
+    only when opted in."""
     if not SUPPORTED_ARCHITECTURES[model.architecture].quark_mxfp4:
         return f"quantization 'quark' (MXFP4) is served for DeepSeek-V3 only, not {model.architecture}"
     if model.device != "cpu" and not envs.serve_mxfp4():
