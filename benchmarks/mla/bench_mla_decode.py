@@ -117,7 +117,7 @@ class Layers:
         from atom_core.layers.mla import LatentAttentionSpec, mla_softmax_scale
         from atom_core.layers.rotary import RotaryEmbedding, hf_rope_parameters
         from atom_vllm.attention.mla import ATOMMLAImpl, ATOMMLAMetadataBuilder
-        from atom_vllm.attention.mla_fa3 import mla_kernels
+        from atom_vllm.attention.mla_fa3 import mla_kernels, mla_widths
 
         hf = vllm_config.model_config.hf_config
         self.heads, self.nope, self.rope = hf.num_attention_heads, hf.qk_nope_head_dim, hf.qk_rope_head_dim
@@ -155,7 +155,7 @@ class Layers:
                 v_head_dim=self.v, kv_lora_rank=self.rank, scale=scale, prefix=f"{prefix}.atom",
                 layer_id=0, kv_b_proj=atom_kv_b_proj, rotary_emb=rotary,
             ),
-            mla_kernels(False),
+            mla_kernels(False, mla_widths(hf)),
         )
         self.atom_builder = ATOMMLAMetadataBuilder(spec, [f"{prefix}.atom"], vllm_config, device)
 
@@ -241,14 +241,14 @@ def main() -> None:
     from vllm.config import set_current_vllm_config
 
     import atom_kernels
-    from atom_vllm.attention.mla_fa3 import mla_kernels
+    from atom_vllm.attention.mla_fa3 import FA3_WIDTHS, mla_kernels
 
     batches, contexts = (QUICK_BATCHES, QUICK_CONTEXTS) if args.quick else (BATCHES, CONTEXTS)
     results = {
         "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "vllm": vllm.__version__},
         "atom_kernels": atom_kernels.backend_report_line("cuda"),
-        "atom_mla_kernels": mla_kernels(False),
+        "atom_mla_kernels": mla_kernels(False, FA3_WIDTHS),  # every model here has DeepSeek's MLA widths
         "cases": [],
     }
     distributed_ready = False

@@ -93,3 +93,18 @@ def test_short_extends_in_the_absorbed_form_match_the_expanded_form(heads, sched
     latent_out = mla_fa3.decode(spec, q_latent, cache, cu_q, seq_lens_t, block_table, max(seq_lens), schedule,
                                 splits, max(query_lens))
     assert relative_error(up_project_v(spec, latent_out), want) < 1e-2
+
+
+def test_other_mla_widths_run_atoms_kernels(monkeypatch):
+    """FA3's MLA decode takes a rope part of at most 64 channels and a latent of at least 256; a
+    model of other widths (the tiny test models': nope 16, rope 8, v 20, latent 40) runs ATOM's
+    kernels, where FA3 stopped with "q_v is only supported for hdim_v >= 256" (on an H100)."""
+    monkeypatch.delenv(mla_fa3.KERNELS_VARIABLE, raising=False)
+    mla_fa3.mla_kernels.cache_clear()
+    assert mla_fa3.mla_kernels(False, (NOPE, ROPE, V, RANK)) == mla_fa3.FA3
+    assert mla_fa3.mla_kernels(False, (16, 8, 20, 40)) == mla_fa3.ATOM
+    monkeypatch.setenv(mla_fa3.KERNELS_VARIABLE, mla_fa3.FA3)
+    mla_fa3.mla_kernels.cache_clear()
+    with pytest.raises(ValueError, match=r"MLA widths \(128, 64, 128, 512\); these are \(16, 8, 20, 40\)"):
+        mla_fa3.mla_kernels(False, (16, 8, 20, 40))
+    mla_fa3.mla_kernels.cache_clear()

@@ -73,7 +73,7 @@ from atom_core.layers.mla import (
     up_project_v,
 )
 from atom_vllm.attention import ATOMBackendBase, cache_layout, decode_graph_support, mla_fa3
-from atom_vllm.attention.mla_fa3 import FA3, DecodeSchedule, mla_kernels
+from atom_vllm.attention.mla_fa3 import FA3, DecodeSchedule, mla_kernels, mla_widths, model_mla_widths
 
 # The longest extend that runs the absorbed (decode) form where FA3 serves: vLLM's FlashAttention-MLA
 # backend takes the same bound (its reorder_batch_threshold).
@@ -151,14 +151,14 @@ class ATOMMLAMetadataBuilder(AttentionMetadataBuilder[ATOMMLAMetadata]):
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
         # FA3's decode is capture-safe with the schedule that build() keeps in a persistent buffer.
         decode_ops = ("fused_qk_rope_concat_and_cache_mla",)
-        if mla_kernels(_fp8_cache(vllm_config.cache_config.cache_dtype)) != FA3:
+        if mla_kernels(_fp8_cache(vllm_config.cache_config.cache_dtype), model_mla_widths(vllm_config)) != FA3:
             decode_ops += ("mla_decode",)
         return decode_graph_support(decode_ops)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.decode_schedule = None
-        if mla_kernels(_fp8_cache(kv_cache_spec.cache_dtype_str)) == FA3:
+        if mla_kernels(_fp8_cache(kv_cache_spec.cache_dtype_str), model_mla_widths(vllm_config)) == FA3:
             self.reorder_batch_threshold = SHORT_EXTEND_TOKENS
             model = vllm_config.model_config
             rope_dim = model.hf_text_config.qk_rope_head_dim
@@ -342,7 +342,7 @@ class ATOMMLAAttention(nn.Module, AttentionLayerBase):
                 "Set ATOM_DISABLE_VLLM_PLUGIN=1 to serve the model with vLLM's own implementation."
             )
         fp8_cache = _fp8_cache(self.kv_cache_dtype)
-        self.impl = ATOMMLAImpl(spec, mla_kernels(fp8_cache), fp8_cache)
+        self.impl = ATOMMLAImpl(spec, mla_kernels(fp8_cache, mla_widths(spec)), fp8_cache)
         # vLLM's default scale of an FP8 cache, under the name its attention layers give it.
         self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32), persistent=False)
         self.model_dtype = vllm_config.model_config.dtype

@@ -4,8 +4,8 @@ On an H200 ATOM's Triton MLA kernels run level with vLLM's Triton MLA but far be
 decode 1.1-2.2x its time at 16 heads and 1.1-9.7x at DeepSeek-V3's 128 heads (3.1-9.7x from batch 32)
 (``benchmarks/mla/results-h200-a76d00e.json``); prefill attention 6x (``benchmarks/results/
 profile-h200-deepseek-v2-lite-a76d00e.json``, ``profile-h200-deepseek-v3-7l.json[a76d00e]``).
-vLLM ships FA3 compiled for Hopper, so where it runs (sm90,
-16-bit cache) ATOM's MLA backend hands it the two attention cores and keeps everything around them:
+vLLM ships FA3 compiled for Hopper, so where it runs (sm90, 16-bit cache, DeepSeek's MLA widths:
+``FA3_WIDTHS``) ATOM's MLA backend hands it the two attention cores and keeps everything around them:
 absorbed q, the fused rope + latent-cache write, the K/V expansion and W_UV. ``ATOM_VLLM_MLA_KERNELS``
 = ``atom`` keeps ATOM's own kernels (``atom_kernels.mla_decode`` and ``varlen_attention``)
 everywhere; ``fa3`` insists on FA3 (an error where it cannot run). FA3's MLA reads no FP8 cache, so
@@ -32,17 +32,38 @@ def _fa3_supports_mla() -> bool:
     return flash_attn_supports_mla()
 
 
+# The MLA widths (qk_nope, qk_rope, v, kv_lora_rank) FA3 serves here: DeepSeek-V2 / V3's, Kimi's and
+# Moonlight's, which test_mla_fa3_gpu.py checks. FA3's MLA decode takes a rope part of at most 64
+# channels and a latent of at least 256, and its wheel compiles few (q/k, v) width pairs for the
+# prefill; other widths (small test models among them) run ATOM's kernels.
+FA3_WIDTHS = (128, 64, 128, 512)
+
+
+def mla_widths(config) -> tuple[int, int, int, int] | None:
+    """(qk_nope, qk_rope, v, kv_lora_rank) of an HF config or a LatentAttentionSpec; None for no
+    config (a VllmConfig without a model, as unit tests build one: no width check)."""
+    if config is None:
+        return None
+    return config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim, config.kv_lora_rank
+
+
+def model_mla_widths(vllm_config) -> tuple[int, int, int, int] | None:
+    model = vllm_config.model_config
+    return mla_widths(model.hf_text_config if model is not None else None)
+
+
 @functools.cache
-def mla_kernels(cache_dtype_is_fp8: bool) -> str:
-    """``fa3`` or ``triton`` for this process's MLA layers (logged once per answer)."""
+def mla_kernels(cache_dtype_is_fp8: bool, widths: tuple[int, int, int, int] | None) -> str:
+    """``fa3`` or ``atom`` for MLA layers of these :func:`mla_widths` (logged once per answer)."""
     requested = os.environ.get(KERNELS_VARIABLE) or None
     if requested not in (None, FA3, ATOM):
         raise ValueError(f"{KERNELS_VARIABLE}={requested!r}: expected {FA3!r} or {ATOM!r}")
-    fa3_runs = not cache_dtype_is_fp8 and torch.cuda.is_available() and _fa3_supports_mla()
+    fa3_runs = (not cache_dtype_is_fp8 and widths in (None, FA3_WIDTHS) and torch.cuda.is_available()
+                and _fa3_supports_mla())
     if requested == FA3 and not fa3_runs:
         raise ValueError(
             f"{KERNELS_VARIABLE}=fa3, but vLLM's FlashAttention-3 MLA does not run here (it needs an sm90 "
-            "GPU and a 16-bit KV cache)"
+            f"GPU, a 16-bit KV cache and MLA widths {FA3_WIDTHS}; these are {widths})"
         )
     chosen = requested or (FA3 if fa3_runs else ATOM)
     where = "FlashAttention-3 from vLLM" if chosen == FA3 else "ATOM's kernels"
