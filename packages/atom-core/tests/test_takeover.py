@@ -37,6 +37,7 @@ from atom_core.hosting.takeover import (
     report_hand_back,
 )
 from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
+from atom_core.testing.quark_checkpoints import TINY_QUARK_OVERRIDES, quark_mxfp4_config
 from atom_core.testing.tiny_models import tiny_hf_config
 
 PUBLISHED = Path(__file__).parent / "data" / "published_configs"
@@ -181,7 +182,8 @@ def test_experts_that_do_not_split_into_whole_blocks_are_handed_back(tmp_path, m
     """ATOM gives every TP rank its share of each expert. Qwen3-30B-A3B-FP8's 768 rows give 192 a rank
     at TP 4, not whole 128-row scale blocks: the host, with expert parallelism, keeps experts whole
     and serves it; ATOM hands it back, with or without expert parallelism. TP 2 (384 rows) and bf16
-    at TP 4 split fine; so do gpt-oss's 2880 MXFP4 rows at TP 2 (1440), not at TP 4 (720 / 32)."""
+    at TP 4 split fine; so do gpt-oss's 2880 MXFP4 rows at TP 2 (1440), not at TP 4 (720 / 32), and the
+    tiny Quark MXFP4 DeepSeek-V3's 64 rows at TP 2 (atom-vllm's TP 2 cell), not at TP 4 (16 a rank)."""
     fp8 = hosted(block_fp8("qwen3-30b-a3b", tmp_path), tensor_parallel_size=4)
     reason = ("experts of 768 intermediate rows do not split across 4 tensor-parallel ranks in whole 128-row "
               "blocks of the checkpoint's scales")
@@ -197,6 +199,12 @@ def test_experts_that_do_not_split_into_whole_blocks_are_handed_back(tmp_path, m
     assert decide_takeover(gpt_oss).atom_serves
     assert decide_takeover(dataclasses.replace(gpt_oss, tensor_parallel_size=4)).reasons == (
         "experts of 2880 intermediate rows do not split across 4 tensor-parallel ranks in whole 32-row "
+        "blocks of the checkpoint's scales",)
+    quark = tiny_hf_config("DeepseekV3ForCausalLM", **TINY_QUARK_OVERRIDES,
+                           quantization_config=quark_mxfp4_config())
+    assert decide_takeover(hosted(quark, tensor_parallel_size=2, expert_parallel=True)).atom_serves
+    assert decide_takeover(hosted(quark, tensor_parallel_size=4, expert_parallel=True)).reasons == (
+        "experts of 64 intermediate rows do not split across 4 tensor-parallel ranks in whole 32-row "
         "blocks of the checkpoint's scales",)
 
 

@@ -25,6 +25,9 @@ from its first token), and each is compared instead by how far its log-probabili
 given the tokens before it, lies below the greedy pick's: 0.14 on average and 1.54 at worst,
 measured on vLLM 0.26 and 0.32 alike, against 3.6 for a token of median rank and 0.45 for the greedy
 tokens of the same model without the activation rounding.
+
+A second engine serves the checkpoint at TP=2 with expert parallelism
+(test_tensor_parallel_2_with_expert_parallel).
 """
 
 import pytest
@@ -35,11 +38,13 @@ from vllm_testing import (
     assert_atom_served,
     assert_first_tokens_near_greedy,
     run_vllm,
+    tensor_parallel_2,
     worst_prompt_logprob_diff,
 )
 
+from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.testing.quark_checkpoints import write_tiny_quark_checkpoints
-from atom_core.testing.reference import atom_logits
+from atom_core.testing.reference import atom_logits, prompt_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -102,3 +107,38 @@ def test_decoded_tokens_near_atom_alones_greedy_picks(served, phases, reference)
     mean = sum(gaps) / len(gaps)
     print(f"decoded tokens below ATOM alone's greedy pick: {mean:.3f} on average, {max(gaps):.3f} at worst")
     assert mean < DECODE_GAP_TOLERANCE, gaps
+
+
+def test_tensor_parallel_2_with_expert_parallel(tiny_model_dir, tmp_path):
+    """TP=2 with --enable-expert-parallel (ATOM splits every expert across the ranks either way): each
+    rank holds half of each dense MLP, shared expert and routed expert, packed weights and e8m0
+    scales cut at whole 32-value blocks (MLP 128, experts 64: 64 and 32 rows a rank). The two ranks'
+    partial sums round differently in bfloat16 from one GEMM's, and the next MXFP4 activation
+    rounding turns those ulps into whole steps, as SGLang's absorbed MLA does (test_sglang_quark_mxfp4.py).
+    So, as there, on weights of std 0.05 the prompt log-probabilities are held to ATOM alone's float32
+    ones at TP 1, as close as ATOM alone's bfloat16 ones: measured 0.103 on average (0.344 at worst)
+    against 0.110 (0.373); 0.087 (0.345) from ATOM alone's bfloat16 ones; the same without expert
+    parallelism. Each rank reading the other's half of the routed experts' down_proj scales gives
+    0.191 on average, outside the 1.5 times allowed."""
+    def smooth(architecture, **overrides):
+        return tiny_model_dir(architecture, std=0.05, **overrides)
+
+    model = write_tiny_quark_checkpoints(smooth, str(tmp_path))[0]
+    phase, _ = make_prompts()
+    result = run_vllm(model, [phase], 4, prompt_logprobs=True,
+                      **tensor_parallel_2(enable_expert_parallel=True, dtype="bfloat16"))
+    assert_atom_served(result)
+    assert f"ATOM serves DeepseekV3ForCausalLM on vLLM: {EXPERT_PARALLEL_NOTE}" in result["log"]
+    assert all(f"DeepseekV3ForCausalLM: TP rank {rank} of 2 holds" in result["log"] for rank in (0, 1))
+    fp32, bf16 = atom_logits(model, torch.float32), atom_logits(model, torch.bfloat16)
+
+    def differences(logprobs_of) -> torch.Tensor:
+        return torch.tensor([abs(a - b) for prompt, theirs in zip(phase, logprobs_of, strict=True)
+                             for a, b in zip(prompt_logprobs(fp32(prompt), prompt), theirs, strict=True)])
+
+    tp2 = differences([o["prompt_logprobs"] for o in result["phases"][0]])
+    tp1 = differences([prompt_logprobs(bf16(prompt), prompt) for prompt in phase])
+    print(f"from ATOM alone's float32: vLLM + ATOM at TP 2 {tp2.mean():.3f} on average, {tp2.max():.3f} at "
+          f"worst; ATOM alone in bfloat16 {tp1.mean():.3f}, {tp1.max():.3f}")
+    assert tp2.mean() <= 1.5 * tp1.mean() and tp2.max() <= 2 * tp1.max(), (tp2, tp1)
+    assert_first_tokens_near_greedy(result["phases"][0], phase, fp32, 2 * tp1.max())
