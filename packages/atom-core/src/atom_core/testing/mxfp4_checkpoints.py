@@ -88,7 +88,7 @@ def write_mxfp4_checkpoint(src_dir: str, out_dir: str) -> str:
         else:
             tensors[name] = tensor.to(torch.bfloat16)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    _edit_config(out_dir, "bfloat16", GPT_OSS_QUANTIZATION_CONFIG)
+    set_checkpoint_config(out_dir, "bfloat16", GPT_OSS_QUANTIZATION_CONFIG)
     return out_dir
 
 
@@ -106,11 +106,12 @@ def write_dequantized_checkpoint(src_dir: str, out_dir: str) -> str:
         else:
             tensors[name] = tensor.to(torch.bfloat16).float()
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    _edit_config(out_dir, "float32", None)
+    set_checkpoint_config(out_dir, "float32", None)
     return out_dir
 
 
-def _edit_config(model_dir: str, dtype: str, quantization: dict | None) -> None:
+def set_checkpoint_config(model_dir: str, dtype: str, quantization: dict | None) -> None:
+    """The checkpoint's config.json with ``dtype`` and ``quantization`` (None: no quantization_config)."""
     path = os.path.join(model_dir, "config.json")
     with open(path) as f:
         config = json.load(f)

@@ -24,7 +24,6 @@ their inputs rounded to MXFP4 and back, by the same reference quantizer).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atom_core.testing.fp8_checkpoints import TINY_FP8_OVERRIDES, fake_quantized_experts
-from atom_core.testing.mxfp4_checkpoints import quantize_mxfp4
+from atom_core.testing.mxfp4_checkpoints import quantize_mxfp4, set_checkpoint_config
 
 # A Quark MXFP4 tensor spec as Quark exports it.
 _MXFP4_SPEC = {
@@ -100,7 +99,7 @@ def write_quark_mxfp4_checkpoint(src_dir: str, out_dir: str, exclude: list[str] 
         else:
             tensors[name] = tensor.to(torch.bfloat16)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    _edit_config(out_dir, "bfloat16", config)
+    set_checkpoint_config(out_dir, "bfloat16", config)
     return out_dir
 
 
@@ -122,20 +121,8 @@ def write_dequantized_checkpoint(quark_dir: str, out_dir: str) -> str:
             tensor = values * torch.exp2(scale - 127).repeat_interleave(32, dim=-1)
         out[name] = tensor.float()
     save_file(out, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    _edit_config(out_dir, "float32", None)
+    set_checkpoint_config(out_dir, "float32", None)
     return out_dir
-
-
-def _edit_config(model_dir: str, dtype: str, quantization: dict | None) -> None:
-    path = os.path.join(model_dir, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config["torch_dtype"] = config["dtype"] = dtype
-    config.pop("quantization_config", None)
-    if quantization is not None:
-        config["quantization_config"] = quantization
-    with open(path, "w") as f:
-        json.dump(config, f, indent=2)
 
 
 @contextlib.contextmanager
