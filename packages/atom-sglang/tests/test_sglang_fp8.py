@@ -10,7 +10,14 @@ import torch
 from sglang_testing import run_sglang
 
 from atom_core.testing.fp8_checkpoints import add_kv_cache_scales, write_tiny_fp8_checkpoint
-from atom_core.testing.reference import atom_greedy, atom_logits, fp8_kv_cache_semantics, prompt_logprobs
+from atom_core.testing.reference import (
+    atom_greedy,
+    atom_logits,
+    fp8_kv_cache_semantics,
+    prompt_logprob_gaps,
+    prompt_logprobs,
+    within_bfloat16_noise,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -51,15 +58,8 @@ def test_fp8_mla_served_by_atom_on_sglang_latent_attention(tiny_model_dir, tmp_p
            "engine_kwargs": {"dtype": "bfloat16"}}
     [[result]] = run_sglang(([run], {}))
     assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
-    fp32, bf16 = atom_logits(model, torch.float32), atom_logits(model, torch.bfloat16)
-
-    def differences(logprobs_of) -> torch.Tensor:
-        return torch.tensor([abs(a - b) for prompt, theirs in zip(PROMPTS, logprobs_of)
-                             for a, b in zip(prompt_logprobs(fp32(prompt), prompt), theirs)])
-
-    sglang = differences([o["prompt_logprobs"] for o in result["phases"][0]])
-    atom_bf16 = differences([prompt_logprobs(bf16(prompt), prompt) for prompt in PROMPTS])
-    assert sglang.mean() <= 1.5 * atom_bf16.mean() and sglang.max() <= 2 * atom_bf16.max(), (sglang, atom_bf16)
+    sglang, atom_bf16 = prompt_logprob_gaps(model, PROMPTS, [o["prompt_logprobs"] for o in result["phases"][0]])
+    assert within_bfloat16_noise(sglang, atom_bf16), (sglang, atom_bf16)
 
 
 def test_fp8_mla_cache_is_left_to_sglang(tiny_model_dir, tmp_path):

@@ -44,7 +44,7 @@ from vllm_testing import (
 
 from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.testing.quark_checkpoints import write_tiny_quark_checkpoints
-from atom_core.testing.reference import atom_logits, prompt_logprobs
+from atom_core.testing.reference import atom_logits, prompt_logprob_gaps, within_bfloat16_noise
 
 pytestmark = pytest.mark.vllm
 
@@ -130,15 +130,8 @@ def test_tensor_parallel_2_with_expert_parallel(tiny_model_dir, tmp_path):
     assert_atom_served(result)
     assert f"ATOM serves DeepseekV3ForCausalLM on vLLM: {EXPERT_PARALLEL_NOTE}" in result["log"]
     assert all(f"DeepseekV3ForCausalLM: TP rank {rank} of 2 holds" in result["log"] for rank in (0, 1))
-    fp32, bf16 = atom_logits(model, torch.float32), atom_logits(model, torch.bfloat16)
-
-    def differences(logprobs_of) -> torch.Tensor:
-        return torch.tensor([abs(a - b) for prompt, theirs in zip(phase, logprobs_of, strict=True)
-                             for a, b in zip(prompt_logprobs(fp32(prompt), prompt), theirs, strict=True)])
-
-    tp2 = differences([o["prompt_logprobs"] for o in result["phases"][0]])
-    tp1 = differences([prompt_logprobs(bf16(prompt), prompt) for prompt in phase])
+    tp2, tp1 = prompt_logprob_gaps(model, phase, [o["prompt_logprobs"] for o in result["phases"][0]])
     print(f"from ATOM alone's float32: vLLM + ATOM at TP 2 {tp2.mean():.3f} on average, {tp2.max():.3f} at "
           f"worst; ATOM alone in bfloat16 {tp1.mean():.3f}, {tp1.max():.3f}")
-    assert tp2.mean() <= 1.5 * tp1.mean() and tp2.max() <= 2 * tp1.max(), (tp2, tp1)
-    assert_first_tokens_near_greedy(result["phases"][0], phase, fp32, 2 * tp1.max())
+    assert within_bfloat16_noise(tp2, tp1), (tp2, tp1)
+    assert_first_tokens_near_greedy(result["phases"][0], phase, atom_logits(model, torch.float32), 2 * tp1.max())

@@ -86,6 +86,28 @@ def prompt_logprobs(logits: torch.Tensor, prompt: list[int]) -> list[float]:
     return logprobs[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
 
 
+def prompt_logprob_gaps(model_dir: str, prompts: list[list[int]],
+                        served: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far a served 16-bit run's prompt log-probabilities (``served``, per prompt) lie from ATOM
+    alone's in float32 on the checkpoint at ``model_dir``, token by token, and how far ATOM alone's
+    own bfloat16 ones lie from them: the yardstick where the served path rounds differently from
+    ATOM alone (MLA absorbed against expanded, tensor-parallel partial sums) and an FP8 or MXFP4
+    activation rounding after it turns those ulps into whole steps. See :func:`within_bfloat16_noise`."""
+    fp32, bf16 = atom_logits(model_dir, torch.float32), atom_logits(model_dir, torch.bfloat16)
+
+    def gaps(logprobs_of) -> torch.Tensor:
+        return torch.tensor([abs(a - b) for prompt, theirs in zip(prompts, logprobs_of, strict=True)
+                             for a, b in zip(prompt_logprobs(fp32(prompt), prompt), theirs, strict=True)])
+
+    return gaps(served), gaps([prompt_logprobs(bf16(prompt), prompt) for prompt in prompts])
+
+
+def within_bfloat16_noise(served: torch.Tensor, alone_bf16: torch.Tensor) -> bool:
+    """The served gaps of :func:`prompt_logprob_gaps` no larger than ATOM alone's bfloat16 noise:
+    1.5 times its mean, twice its worst."""
+    return bool(served.mean() <= 1.5 * alone_bf16.mean() and served.max() <= 2 * alone_bf16.max())
+
+
 def _through_e4m3(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``x`` as an FP8 cache holds it: divided by ``scale``, saturated, rounded to e4m3, and
     multiplied back."""
