@@ -44,6 +44,23 @@ def test_packaged_moe_tables_are_complete_for_the_benchmark_shapes():
                 assert set(config[gemm]) == MOE_TILE_FIELDS, (size, gemm)
 
 
+def test_packaged_h100_moe_table_holds_the_block_fp8_and_qwen3_moe_shapes():
+    """The H100 run (benchmarks/kernels/tune-report-h100.json): block-FP8 Qwen3-30B-A3B and
+    DeepSeek-V3 experts, bf16 Qwen3-30B-A3B; tiled configs whose K step fits the FP8 scale block."""
+    table = packaged("fused_moe")["NVIDIA H100 80GB HBM3"]
+    shapes = [((128, 2048, 768, 8), torch.float8_e4m3fn), ((256, 7168, 2048, 8), torch.float8_e4m3fn),
+              ((128, 2048, 768, 8), torch.bfloat16)]
+    assert set(table) == {moe_shape_key(*dims, dtype) for dims, dtype in shapes}
+    for key, by_size in table.items():
+        assert {int(size) for size in by_size} >= {1, 4096}, key
+        for size, config in by_size.items():
+            assert config["BLOCK_M"] in (16, 32, 64, 128), (key, size)
+            for gemm in ("gate_up", "down"):
+                assert set(config[gemm]) - {"SPLIT_K"} == MOE_TILE_FIELDS, (key, size, gemm)
+                if "float8" in key:
+                    assert 128 % config[gemm]["BLOCK_K"] == 0, (key, size, gemm)
+
+
 def test_packaged_mxfp4_moe_tables_hold_tiled_or_matrix_vector_configs():
     """gpt-oss's MXFP4 experts: a tiled config (BLOCK_M, tiles, an optional SPLIT_K) or, at a few
     tokens, the matrix-vector path's ({"GEMV": true}, BLOCK_N / BLOCK_K / num_warps per GEMM)."""
