@@ -1,12 +1,13 @@
 """``mxfp4_quant_dequant``: activations rounded to MXFP4 and back as AMD Quark's W4A4 checkpoints
-prescribe (its ``qdq_mxfp4`` with scale mode ``even``), and the fused MoE with both GEMMs' inputs so
-rounded (``input_format="mxfp4"``)."""
+prescribe (its ``qdq_mxfp4`` with scale mode ``even``), the fused MoE with both GEMMs' inputs so
+rounded (``input_format="mxfp4"``), and ``mxfp4_linear``, the GEMM of those checkpoints' MXFP4 linear
+layers."""
 
 import itertools
 
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, backends, impl, rand
+from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, rand
 from test_kernels_moe import mxfp4_weight, routing
 
 import atom_kernels
@@ -111,3 +112,29 @@ def test_fused_moe_mxfp4_inputs_need_mxfp4_weights():
     weights, ids = routing(2, 4, 2)
     with pytest.raises(ValueError, match="input_format='mxfp4' needs weight_format='mxfp4'"):
         atom_kernels.fused_moe(x, w13, w2, weights, ids, input_format="mxfp4")
+
+
+@backends
+@float_dtypes
+@pytest.mark.parametrize("rows, k, n", [(1, 64, 96), (17, 128, 72), (70, 96, 160)])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+def test_mxfp4_linear_matches_the_decoded_weight(backend, dtype, rows, k, n, with_bias):
+    """Row counts in each of the GEMM's row-block sizes (16, 32, 64 rows), N not a multiple of its
+    column tile; against float64 on the decoded weight."""
+    x = rand(rows, k, dtype=dtype)
+    weight, scale = (t[0] for t in mxfp4_weight(1, n, k))
+    bias = rand(n, dtype=dtype) if with_bias else None
+    got = impl("mxfp4_linear", backend)(x, weight, scale, bias)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    want = x.cpu().double() @ atom_kernels.dequantize_mxfp4(weight, scale, torch.float64).cpu().t()
+    if with_bias:
+        want += bias.cpu().double()
+    assert_close(got.cpu(), want, dtype, "accumulated")
+
+
+def test_mxfp4_linear_names_the_shapes_it_needs():
+    weight, scale = (t[0] for t in mxfp4_weight(1, 32, 64))
+    with pytest.raises(ValueError, match=r"weight must be \[N, 48\] and weight_scale \[N, 3\]"):
+        atom_kernels.mxfp4_linear(rand(2, 96, dtype=torch.float32), weight, scale)
+    with pytest.raises(ValueError, match=r"bias must be \[32\]"):
+        atom_kernels.mxfp4_linear(rand(2, 64, dtype=torch.float32), weight, scale, rand(31))

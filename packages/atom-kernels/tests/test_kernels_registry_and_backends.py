@@ -10,11 +10,12 @@ import atom_kernels
 from atom_kernels import BackendUnavailableError, reset_selection
 from atom_kernels.registry import OPS, Op
 
-# Ops that AITER has no adapter for yet: Qwen3-Next's linear attention, MLA's expanded keys, and the
-# norm and activation that quantise their output to fp8 (on ROCm their Triton kernels run).
+# Ops that AITER has no adapter for yet: Qwen3-Next's linear attention, MLA's expanded keys, the
+# norm and activation that quantise their output to fp8, and Quark's emulated W4A4 (AITER's MXFP4 ops
+# pack activations for FP4 matrix units; on ROCm the Triton kernels run).
 WITHOUT_AITER = {"causal_conv1d", "causal_conv1d_decode", "gated_delta_rule", "gated_delta_rule_decode",
                  "concat_mla_k", "rms_norm_quant_fp8", "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8",
-                 "mxfp4_quant_dequant"}
+                 "mxfp4_quant_dequant", "mxfp4_linear"}
 # A plain GEMM: torch's own kernels on GPUs (torchlib), the fp32 reference elsewhere.
 GEMM_ONLY = {"router_logits": {"torch", "torchlib"}}
 

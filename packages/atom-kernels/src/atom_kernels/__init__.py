@@ -24,6 +24,7 @@ from atom_kernels.mla import concat_mla_k, fused_qk_rope_concat_and_cache_mla, m
 from atom_kernels.moe import fused_moe, warm_up_fused_moe
 from atom_kernels.moe_align import moe_align_block_size
 from atom_kernels.mxfp4 import dequantize_mxfp4, mxfp4_quant_dequant
+from atom_kernels.mxfp4_gemm import mxfp4_linear
 from atom_kernels.norm import (
     fused_add_rms_norm,
     fused_add_rms_norm_quant_fp8,
@@ -78,6 +79,7 @@ __all__ = [
     "llama3_inv_freq",
     "mla_decode",
     "moe_align_block_size",
+    "mxfp4_linear",
     "mxfp4_quant_dequant",
     "paged_attention",
     "per_group_quant_fp8",

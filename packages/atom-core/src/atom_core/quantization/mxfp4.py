@@ -2,16 +2,15 @@
 its forward, ``y = qdq(x) @ dequant(W)^T (+ b)``.
 
 The weight stays packed as the checkpoint ships it: ``weight`` uint8 [N, K / 2] (two e2m1 values a
-byte, the even one in the low nibble) and ``weight_scale`` uint8 [N, K / 32] (e8m0). The forward
-dequantizes it to the activations' dtype for the matmul, and, for W4A4, first rounds the input to
+byte, the even one in the low nibble) and ``weight_scale`` uint8 [N, K / 32] (e8m0). The GEMM
+(``atom_kernels.mxfp4_linear``) decodes it tile by tile; for W4A4 the input is first rounded to
 MXFP4 and back per 32 values (``atom_kernels.mxfp4_quant_dequant``): the hosts' own emulation of
-FP4 activations where no FP4 matrix unit runs them, and a reference path, not a fast one.
+FP4 activations where no FP4 matrix unit runs them.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 import atom_kernels
 from atom_core.quantization.scheme import Mxfp4Scheme
@@ -28,4 +27,5 @@ def mxfp4_linear(x: torch.Tensor, scheme: Mxfp4Scheme, weight: torch.Tensor, wei
     """``x`` [..., K] in the model dtype -> [..., N]."""
     if scheme.quantized_inputs:
         x = atom_kernels.mxfp4_quant_dequant(x)
-    return F.linear(x, atom_kernels.dequantize_mxfp4(weight, weight_scale, x.dtype), bias)
+    rows = x.reshape(-1, x.shape[-1])
+    return atom_kernels.mxfp4_linear(rows, weight, weight_scale, bias).view(*x.shape[:-1], weight.shape[0])
