@@ -1,8 +1,9 @@
-"""The Gated DeltaNet and conv kernels compile for Hopper (sm90) without a GPU. The interpreter
-never compiles, so a kernel could pass the suite and still fail to compile, or ask for more shared
-memory than an sm90 block has (the state pass once asked 312 KiB), on its first GPU. Run without
-TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's shapes and the
-launchers' settings."""
+"""The Gated DeltaNet and conv kernels, and the fused MoE GEMM's block-FP8 variants that quantize
+their own input and its MXFP4 linear-layer variant, compile for Hopper (sm90) without a GPU. The
+interpreter never compiles, so a kernel could pass the suite and still fail to compile, or ask for
+more shared memory than an sm90 block has (the state pass once asked 312 KiB), on its first GPU. Run
+without TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's and
+DeepSeek-V3's shapes and the launchers' settings."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from atom_kernels import gated_delta, short_conv
+from atom_kernels import gated_delta, moe, short_conv
 
 HOPPER = GPUTarget("cuda", 90, 32)
 FP32_POINTERS = {"g_ptr", "w_ptr", "u_ptr", "state_ptr"}
@@ -43,6 +44,48 @@ def compile_for_hopper(kernel, constexprs: dict, num_warps: int, num_stages: int
     return compiled.metadata.shared
 
 
+def moe_gemm_signature(w: str, w_scale: str, out: str, quant_a: bool, routed: bool, bias: bool) -> dict:
+    """_moe_gemm_kernel's argument types as launch_moe_gemm passes them (None pointers are constexprs)."""
+    pointers = {"a_ptr": "*bf16", "w_ptr": w, "bias_ptr": "*bf16" if bias else None, "out_ptr": out,
+                "topk_weights_ptr": "*fp32" if routed else None, "sorted_ids_ptr": "*i32",
+                "block_expert_ptr": "*i32", "a_scale_ptr": None if quant_a else "*fp32", "w_scale_ptr": w_scale}
+    floats = {"alpha", "limit", "fp8_max", "min_amax"}
+    return {name: pointers[name] if name in pointers else ("fp32" if name in floats else "i32")
+            for name in moe._moe_gemm_kernel.arg_names}
+
+
+def compile_moe_gemm(signature: dict, constexprs: dict, tiles: dict) -> int:
+    kernel = moe._moe_gemm_kernel
+    constexprs = {**{name: None for name, kind in signature.items() if kind is None}, **constexprs,
+                  **{k: v for k, v in tiles.items() if k not in ("num_warps", "num_stages")}}
+    types = {name: "constexpr" if name in constexprs else kind for name, kind in signature.items()}
+    source = ASTSource(fn=kernel, signature=types,
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=HOPPER,
+                              options={"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
+    return compiled.metadata.shared
+
+
+def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
+    """(signature, constexprs, tiles): block-FP8 gate/up and down quantizing their input (DeepSeek-V3's
+    one-token tiles of the H100 table, the down GEMM split in K), and an MXFP4 linear (microscaled dot)."""
+    common = dict(A_ROW_DIVISOR=1, ACT=moe.ACT_SILU, DOT_PRECISION="ieee", EVEN_K=True, MXFP4=False,
+                  MX_DOT=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False, GATED=False,
+                  W8A8=True, SCALE_BLOCK=128, PARTIAL=False, QUANT_A=True, BLOCK_M=16)
+    gate_up = dict(common, GATED=True, A_ROW_DIVISOR=8)
+    down = dict(common, MUL_ROUTED_WEIGHT=True, PARTIAL=True)
+    linear = dict(common, W8A8=False, MXFP4=True, MX_DOT=True, A_FORMAT="bf16", SCALE_BLOCK=0, QUANT_A=False,
+                  HAS_BIAS=True)
+    tiles = moe.default_moe_config(1, 1)["down"]
+    return [
+        (moe_gemm_signature("*fp8e4nv", "*fp32", "*bf16", True, False, False), gate_up,
+         {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 8, "num_stages": 4}),
+        (moe_gemm_signature("*fp8e4nv", "*fp32", "*fp32", True, True, False), down,
+         {"BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}),
+        (moe_gemm_signature("*u8", "*u8", "*bf16", False, False, True), linear, tiles),
+    ]
+
+
 def main() -> None:
     heads = dict(HEAD_K=128, HEAD_V=128, USE_QK_L2NORM=True, BLOCK_K=128)
     conv = dict(KERNEL_SIZE=4, HAS_SLOTS=True, BLOCK_C=128)
@@ -66,14 +109,17 @@ def main() -> None:
     for kernel, constexprs, num_warps, *stages in kernels:  # none set: Triton's 3
         shared = compile_for_hopper(kernel, constexprs, num_warps, *(stages or [3]))
         print(f"compiled {kernel.fn.__name__} shared={shared}", flush=True)
+    for signature, constexprs, tiles in moe_gemm_variants():
+        shared = compile_moe_gemm(signature, constexprs, tiles)
+        print(f"compiled _moe_gemm_kernel shared={shared}", flush=True)
 
 
 HOPPER_SHARED_BYTES = 227 * 1024  # the most one sm90 block may use
 KERNELS = {"_gated_delta_chunk_prepare_kernel", "_gated_delta_chunk_state_kernel", "_gated_delta_rule_decode_kernel",
-           "_causal_conv1d_prefill_kernel", "_conv_state_kernel", "_causal_conv1d_decode_kernel"}
+           "_causal_conv1d_prefill_kernel", "_conv_state_kernel", "_causal_conv1d_decode_kernel", "_moe_gemm_kernel"}
 
 
-def test_gated_delta_and_conv_kernels_compile_for_hopper():
+def test_kernels_compile_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
