@@ -74,7 +74,10 @@ for step in $steps; do
     mla) python3 "$here/mla/bench_mla_decode.py" --out "$out/mla-decode.json" ;;
     kernels) python3 "$here/kernels/bench_kernels.py" --out "$out/kernels.json" ;;
     sweep) python3 "$here/kernels/sweep_tokens.py" --out "$out/sweep-tokens.json" ;;
-    tune) python3 "$here/kernels/tune_kernels.py" --out-dir "$out/tuned" ;;
+    # TUNE_OPS / TUNE_MODELS (tune_kernels.py's --ops / --models) narrow a run to fit a lease: on one H100
+    # --ops moe_fp8 took 2.5 minutes with its comparisons, --ops moe --models qwen3-30b-a3b 1.2.
+    tune) python3 "$here/kernels/tune_kernels.py" --out-dir "$out/tuned" ${TUNE_OPS:+--ops "$TUNE_OPS"} \
+            ${TUNE_MODELS:+--models "$TUNE_MODELS"} ;;
     fp8-offline) python3 "$here/e2e/bench_offline.py" --out "$out/offline-fp8.json" qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
     # The last run keeps the FP8 cache on ATOM's kernels (on Hopper vLLM's FlashAttention-3 serves it).
     fp8-kv-offline) python3 "$here/e2e/bench_offline.py" --kv-cache-dtype fp8 --out "$out/offline-fp8-kv.json" \
