@@ -362,10 +362,14 @@ def test_fused_moe_fp8_triton_matches_torch(
     (19, 256, 128, 128, 2),  # split-K: each program a slice of whole groups
     (5, 96, 48, 32, 1),
 ])
-def test_fused_moe_fp8_quantizes_inputs_in_the_gemm_bit_for_bit(num_tokens, hidden, inter, block_size, split_k):
+def test_fused_moe_fp8_quantizes_inputs_in_the_gemm_bit_for_bit(num_tokens, hidden, inter, block_size, split_k,
+                                                               monkeypatch):
     """Block FP8 at few tokens: each GEMM quantizes its input itself (moe.FUSED_INPUT_QUANT_MAX_TOKENS)
     with the per-group quant kernel's arithmetic, so the output equals the separate launches' exactly."""
     num_experts, top_k = 4, 2
+    separate = []
+    quantize = moe.quantize_activations
+    monkeypatch.setattr(moe, "quantize_activations", lambda *args: separate.append(1) or quantize(*args))
     x = rand(num_tokens, hidden, dtype=torch.bfloat16)
     w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
     weights, ids = routing(num_tokens, num_experts, top_k)
@@ -374,8 +378,27 @@ def test_fused_moe_fp8_quantizes_inputs_in_the_gemm_bit_for_bit(num_tokens, hidd
     assert moe.quantizes_input(tiles, block_size)
     outputs = [moe.run_fused_moe(x, w13, w2, weights, ids, config, w13_scale=w13_scale, w2_scale=w2_scale,
                                  block_size=block_size, quantize_in_gemm=in_gemm) for in_gemm in (True, False)]
+    assert len(separate) == 2  # the separate launches ran for the second output only
     assert torch.equal(outputs[0], outputs[1])
-    assert num_tokens <= moe.FUSED_INPUT_QUANT_MAX_TOKENS
+
+
+def test_fused_moe_fp8_quantizes_in_the_gemm_up_to_the_bound(monkeypatch):
+    """By default (no quantize_in_gemm): in the GEMMs up to FUSED_INPUT_QUANT_MAX_TOKENS tokens, in
+    launches of their own above; and only where a K step holds a whole group."""
+    separate = []
+    quantize = moe.quantize_activations
+    monkeypatch.setattr(moe, "quantize_activations", lambda *args: separate.append(1) or quantize(*args))
+    w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(2, 128, 64, 128)
+    whole, half = ({"BLOCK_N": 32, "BLOCK_K": k, "GROUP_M": 1, "num_warps": 4, "num_stages": 2} for k in (128, 64))
+    bound = moe.FUSED_INPUT_QUANT_MAX_TOKENS
+    for num_tokens, gate_up, down, launches in ((bound, whole, whole, 0), (bound + 1, whole, whole, 2),
+                                                (1, whole, half, 1)):
+        separate.clear()
+        weights, ids = routing(num_tokens, 2, 1)
+        moe.run_fused_moe(rand(num_tokens, 128, dtype=torch.bfloat16), w13, w2, weights, ids,
+                          {"BLOCK_M": 16, "gate_up": gate_up, "down": down}, w13_scale=w13_scale,
+                          w2_scale=w2_scale, block_size=128)
+        assert len(separate) == launches, num_tokens
 
 
 def test_fp8_gemm_quantizes_its_input_only_with_whole_groups():

@@ -664,13 +664,13 @@ def launch_moe_gemm(
     up_offset, step = (1, 2) if interleaved else (n, 1)
     if not gated:
         up_offset, step = 0, 1
+    quant_a = w_scale is not None and not mxfp4 and a_scale is None
+    if quant_a and not quantizes_input(tiles, block_size):
+        raise ValueError(f"launch_moe_gemm: quantizing the input in the GEMM needs block FP8 and a K step "
+                         f"of the whole group ({block_size}), not {tiles['BLOCK_K']}")
     if block_size:
         # A K step must lie inside one scale block: BLOCK_K (a power of two) clamped to a divisor.
         tiles = {**tiles, "BLOCK_K": math.gcd(tiles["BLOCK_K"], block_size)}
-    quant_a = w_scale is not None and not mxfp4 and a_scale is None
-    if quant_a and not (block_size and tiles["BLOCK_K"] == block_size):
-        raise ValueError(f"launch_moe_gemm: quantizing the input in the GEMM needs block FP8 and a K step "
-                         f"of the whole group ({block_size}), not {tiles['BLOCK_K']}")
     if mxfp4:
         # A K step covers whole 32-value scale blocks (and each half of the decoding step is a dot
         # of at least 16).
@@ -893,9 +893,14 @@ def run_fused_moe(
     fp8 = w13_scale is not None and not mxfp4
     if quantize_in_gemm is None:
         quantize_in_gemm = num_tokens <= FUSED_INPUT_QUANT_MAX_TOKENS
-    in_gemm = fp8 and quantize_in_gemm
-    quant_x = fp8 and not (in_gemm and quantizes_input(config["gate_up"], block_size))
-    a, a_scale = quantize_activations(x, block_size, "triton") if quant_x else (x, None)
+
+    def gemm_input(a: torch.Tensor, tiles: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(input, scales) of one GEMM: quantized here for FP8 experts unless the GEMM does it."""
+        if not fp8 or (quantize_in_gemm and quantizes_input(tiles, block_size)):
+            return a, None
+        return quantize_activations(a, block_size, "triton")
+
+    a, a_scale = gemm_input(x, config["gate_up"])
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     expert_ids = topk_ids.reshape(-1)
     launch_moe_gemm(
@@ -923,10 +928,7 @@ def run_fused_moe(
     )
     if round_inputs is not None:
         hidden_states = round_inputs(hidden_states)
-    quant_hidden = fp8 and not (in_gemm and quantizes_input(config["down"], block_size))
-    a, a_scale = (
-        quantize_activations(hidden_states, block_size, "triton") if quant_hidden else (hidden_states, None)
-    )
+    a, a_scale = gemm_input(hidden_states, config["down"])
     down_split = config["down"].get("SPLIT_K", 1)
     expert_out = torch.empty((num_entries * down_split, hidden),
                              dtype=torch.float32 if down_split > 1 else x.dtype, device=x.device)
