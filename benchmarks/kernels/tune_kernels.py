@@ -660,7 +660,7 @@ def vllm_fused_experts(s: MoeShape) -> tuple[float | None, torch.Tensor | None, 
 def compare_ops(report: dict, ops: list[str]) -> None:
     """The whole ops with the built-in defaults, with the new tables, and vLLM's kernel."""
     import atom_kernels as ak
-    from atom_kernels import moe, tuned
+    from atom_kernels import tuned
 
     packaged = tuned.PACKAGED_DIR
 
@@ -701,14 +701,6 @@ def compare_ops(report: dict, ops: list[str]) -> None:
                 )
                 if unavailable:
                     row["vllm_unavailable"] = unavailable
-                if s.block_size and num_tokens <= moe.FUSED_INPUT_QUANT_MAX_TOKENS:
-                    # The tuned op quantizes its GEMMs' inputs in the GEMMs here: time the separate
-                    # launches too, with the same config (the tables of DIR are still in effect).
-                    config = moe.moe_config(moe.moe_shape_key(s.experts, s.hidden, s.inter, s.top_k, weight_dtype),
-                                            num_tokens, s.experts, s.top_k, s.x)
-                    row["tuned_separate_quant_us"] = graph_us(lambda a=args, q=quant, c=config: moe.run_fused_moe(
-                        *a, c, **q, quantize_in_gemm=False))
-                    print(f"    separate quant launches: {row['tuned_separate_quant_us']:8.1f} us")
                 report["fused_moe"].append(row)
                 print_row(f"{op} {model} {num_tokens:6d}", row, "vllm")
     if "attention" in ops:

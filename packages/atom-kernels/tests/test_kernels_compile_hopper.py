@@ -1,5 +1,5 @@
-"""The Gated DeltaNet and conv kernels, and the fused MoE GEMM's block-FP8 variants that quantize
-their own input and its MXFP4 linear-layer variant, compile for Hopper (sm90) without a GPU. The
+"""The Gated DeltaNet and conv kernels, and the fused MoE GEMM's block-FP8 variants and its MXFP4
+linear-layer variant, compile for Hopper (sm90) without a GPU. The
 interpreter never compiles, so a kernel could pass the suite and still fail to compile, or ask for
 more shared memory than an sm90 block has (the state pass once asked 312 KiB), on its first GPU. Run
 without TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's and
@@ -44,12 +44,12 @@ def compile_for_hopper(kernel, constexprs: dict, num_warps: int, num_stages: int
     return compiled.metadata.shared
 
 
-def moe_gemm_signature(w: str, w_scale: str, out: str, quant_a: bool, routed: bool, bias: bool) -> dict:
+def moe_gemm_signature(w: str, w_scale: str, out: str, a_scale: bool, routed: bool, bias: bool) -> dict:
     """_moe_gemm_kernel's argument types as launch_moe_gemm passes them (None pointers are constexprs)."""
-    pointers = {"a_ptr": "*bf16", "w_ptr": w, "bias_ptr": "*bf16" if bias else None, "out_ptr": out,
+    pointers = {"a_ptr": "*fp8e4nv" if a_scale else "*bf16", "w_ptr": w, "bias_ptr": "*bf16" if bias else None, "out_ptr": out,
                 "topk_weights_ptr": "*fp32" if routed else None, "sorted_ids_ptr": "*i32",
-                "block_expert_ptr": "*i32", "a_scale_ptr": None if quant_a else "*fp32", "w_scale_ptr": w_scale}
-    floats = {"alpha", "limit", "fp8_max", "min_amax"}
+                "block_expert_ptr": "*i32", "a_scale_ptr": "*fp32" if a_scale else None, "w_scale_ptr": w_scale}
+    floats = {"alpha", "limit"}
     return {name: pointers[name] if name in pointers else ("fp32" if name in floats else "i32")
             for name in moe._moe_gemm_kernel.arg_names}
 
@@ -67,15 +67,14 @@ def compile_moe_gemm(signature: dict, constexprs: dict, tiles: dict) -> int:
 
 
 def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
-    """(signature, constexprs, tiles): block-FP8 gate/up and down quantizing their input (DeepSeek-V3's
-    one-token tiles of the H100 table, the down GEMM split in K), and an MXFP4 linear (microscaled dot)."""
+    """(signature, constexprs, tiles): block-FP8 gate/up and down (DeepSeek-V3's one-token tiles of the
+    H100 table, the down GEMM split in K), and an MXFP4 linear (microscaled dot)."""
     common = dict(A_ROW_DIVISOR=1, ACT=moe.ACT_SILU, DOT_PRECISION="ieee", EVEN_K=True, MXFP4=False,
                   MX_DOT=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False, GATED=False,
-                  W8A8=True, SCALE_BLOCK=128, PARTIAL=False, QUANT_A=True, BLOCK_M=16)
+                  W8A8=True, SCALE_BLOCK=128, PARTIAL=False, BLOCK_M=16)
     gate_up = dict(common, GATED=True, A_ROW_DIVISOR=8)
     down = dict(common, MUL_ROUTED_WEIGHT=True, PARTIAL=True)
-    linear = dict(common, W8A8=False, MXFP4=True, MX_DOT=True, A_FORMAT="bf16", SCALE_BLOCK=0, QUANT_A=False,
-                  HAS_BIAS=True)
+    linear = dict(common, W8A8=False, MXFP4=True, MX_DOT=True, A_FORMAT="bf16", SCALE_BLOCK=0, HAS_BIAS=True)
     tiles = moe.default_moe_config(1, 1)["down"]
     return [
         (moe_gemm_signature("*fp8e4nv", "*fp32", "*bf16", True, False, False), gate_up,

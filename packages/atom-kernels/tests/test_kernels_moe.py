@@ -8,7 +8,6 @@ import triton.language as tl
 from kernel_testing import DEVICE, LIBRARY, assert_close, backends, compiled_variants, float_dtypes, impl, rand
 
 import atom_kernels
-from atom_kernels import moe
 from atom_kernels.moe_gemv import e2m1_to_float_scaled
 
 
@@ -355,63 +354,6 @@ def test_fused_moe_fp8_triton_matches_torch(
     assert out.shape == x.shape and out.dtype == dtype
     want = impl("fused_moe", "torch")(x, w13, w2, weights, ids, **options)
     assert_close(out, want, dtype, "accumulated")
-
-
-@pytest.mark.parametrize("num_tokens, hidden, inter, block_size, split_k", [
-    (1, 256, 160, 128, 1),  # down's K = 1.25 groups: a partial last group
-    (19, 256, 128, 128, 2),  # split-K: each program a slice of whole groups
-    (5, 96, 48, 32, 1),
-])
-def test_fused_moe_fp8_quantizes_inputs_in_the_gemm_bit_for_bit(num_tokens, hidden, inter, block_size, split_k,
-                                                               monkeypatch):
-    """Block FP8 at few tokens: each GEMM quantizes its input itself (moe.FUSED_INPUT_QUANT_MAX_TOKENS)
-    with the per-group quant kernel's arithmetic, so the output equals the separate launches' exactly."""
-    num_experts, top_k = 4, 2
-    separate = []
-    quantize = moe.quantize_activations
-    monkeypatch.setattr(moe, "quantize_activations", lambda *args: separate.append(1) or quantize(*args))
-    x = rand(num_tokens, hidden, dtype=torch.bfloat16)
-    w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
-    weights, ids = routing(num_tokens, num_experts, top_k)
-    tiles = {"BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "SPLIT_K": split_k}
-    config = {"BLOCK_M": 16, "gate_up": tiles, "down": tiles}
-    assert moe.quantizes_input(tiles, block_size)
-    outputs = [moe.run_fused_moe(x, w13, w2, weights, ids, config, w13_scale=w13_scale, w2_scale=w2_scale,
-                                 block_size=block_size, quantize_in_gemm=in_gemm) for in_gemm in (True, False)]
-    assert len(separate) == 2  # the separate launches ran for the second output only
-    assert torch.equal(outputs[0], outputs[1])
-
-
-def test_fused_moe_fp8_quantizes_in_the_gemm_up_to_the_bound(monkeypatch):
-    """By default (no quantize_in_gemm): in the GEMMs up to FUSED_INPUT_QUANT_MAX_TOKENS tokens, in
-    launches of their own above; and only where a K step holds a whole group."""
-    separate = []
-    quantize = moe.quantize_activations
-    monkeypatch.setattr(moe, "quantize_activations", lambda *args: separate.append(1) or quantize(*args))
-    w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(2, 128, 64, 128)
-    whole, half = ({"BLOCK_N": 32, "BLOCK_K": k, "GROUP_M": 1, "num_warps": 4, "num_stages": 2} for k in (128, 64))
-    bound = moe.FUSED_INPUT_QUANT_MAX_TOKENS
-    for num_tokens, gate_up, down, launches in ((bound, whole, whole, 0), (bound + 1, whole, whole, 2),
-                                                (1, whole, half, 1)):
-        separate.clear()
-        weights, ids = routing(num_tokens, 2, 1)
-        moe.run_fused_moe(rand(num_tokens, 128, dtype=torch.bfloat16), w13, w2, weights, ids,
-                          {"BLOCK_M": 16, "gate_up": gate_up, "down": down}, w13_scale=w13_scale,
-                          w2_scale=w2_scale, block_size=128)
-        assert len(separate) == launches, num_tokens
-
-
-def test_fp8_gemm_quantizes_its_input_only_with_whole_groups():
-    assert not moe.quantizes_input({"BLOCK_K": 64}, 128)
-    assert not moe.quantizes_input({"BLOCK_K": 128}, 0)
-    x = rand(3, 256, dtype=torch.bfloat16)
-    w13, w13_scale, *_ = fp8_experts(2, 256, 64, 128)
-    sorted_ids, block_expert = moe.moe_align_block_size_triton(routing(3, 2, 1)[1], 2, 16)
-    out = torch.empty(3, 64, dtype=torch.bfloat16, device=DEVICE)
-    tiles = {"BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
-    with pytest.raises(ValueError, match="a K step of the whole group"):
-        moe.launch_moe_gemm(x, w13, None, out, None, sorted_ids, block_expert, 3, 1, 16, tiles, gated=True,
-                            w_scale=w13_scale, block_size=128)
 
 
 def test_fused_moe_fp8_aiter_adapter_runs_triton():

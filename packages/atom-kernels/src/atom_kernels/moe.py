@@ -19,7 +19,6 @@ FP4 matrix unit runs them.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -47,14 +46,7 @@ from atom_kernels.mxfp4 import (
     mxfp4_quant_dequant_torch,
     mxfp4_quant_dequant_triton,
 )
-from atom_kernels.quant import (
-    FP8_DTYPE,
-    MIN_AMAX,
-    fp8_dtype_max,
-    per_group_quant_fp8,
-    per_token_quant_fp8,
-    quantize_fp8_groups,
-)
+from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
@@ -406,8 +398,6 @@ def _moe_gemm_kernel(
     alpha,
     limit,
     split_k,
-    fp8_max,
-    min_amax,
     A_ROW_DIVISOR: tl.constexpr,
     GATED: tl.constexpr,
     ACT: tl.constexpr,
@@ -425,7 +415,6 @@ def _moe_gemm_kernel(
     DOT_PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr,
     PARTIAL: tl.constexpr,
-    QUANT_A: tl.constexpr,
 ):
     # Grouped program order: GROUP_M row blocks share each weight column block while it is in L2.
     pid = tl.program_id(0)
@@ -460,8 +449,7 @@ def _moe_gemm_kernel(
     if W8A8:
         # fp8 A and W. A's scale rows are gathered like its rows; weight row r has scale row
         # r // SCALE_BLOCK (blocks of SCALE_BLOCK x SCALE_BLOCK), or r with SCALE_BLOCK 0 (per row).
-        if not QUANT_A:
-            a_scales = a_scale_ptr + a_row_ids * a_scale_stride
+        a_scales = a_scale_ptr + a_row_ids * a_scale_stride
         scale_rows = w_rows
         up_scale_rows = w_rows + up_offset
         if SCALE_BLOCK > 0:
@@ -501,13 +489,7 @@ def _moe_gemm_kernel(
             # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
             if SCALE_BLOCK > 0:
                 k_group = k0 // SCALE_BLOCK
-                if QUANT_A:
-                    # A in x's dtype, one K group a step (BLOCK_K == SCALE_BLOCK): quantized here
-                    # with the arithmetic of the per-group quant kernel (masked columns are zeros).
-                    a, a_scale = quantize_fp8_groups(a.to(tl.float32), BLOCK_K, fp8_max, min_amax)
-                    a = a.to(w.dtype)
-                else:
-                    a_scale = tl.load(a_scales + k_group)[:, None]
+                a_scale = tl.load(a_scales + k_group)[:, None]
                 acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
             elif W8A8:
                 acc += tl.dot(a, w)
@@ -596,20 +578,6 @@ def moe_config(shape_key: str, num_tokens: int, num_experts: int, top_k: int, x:
     return tuned or default_moe_config(num_tokens * top_k, num_experts)
 
 
-# Up to this many tokens a block-FP8 MoE quantizes each GEMM's input inside the GEMM where the tiles
-# allow it (quantizes_input), instead of in a launch of its own before it. At one token the whole op
-# took 43 us on an H100, its two GEMMs 16 us of it (benchmarks/kernels/tune-report-h100.json): the
-# launches around them cost more than the GEMMs. Each program quantizes its own row block again, for
-# every column block, so larger batches keep the separate launch. Not yet measured on a GPU.
-FUSED_INPUT_QUANT_MAX_TOKENS = 64
-
-
-def quantizes_input(tiles: dict[str, int], block_size: int) -> bool:
-    """Whether a block-FP8 GEMM with these tiles can quantize its own input: each K step one whole
-    ``block_size`` group (BLOCK_K is clamped to a divisor of the group, so at least the group)."""
-    return block_size > 0 and tiles["BLOCK_K"] >= block_size and tiles["BLOCK_K"] % block_size == 0
-
-
 def mx_dot_format(a: torch.Tensor) -> str | None:
     """The format name of ``a`` for Triton's microscaled dot, or None where the MXFP4 GEMM decodes
     its weight tiles itself (the interpreter; fp32 activations)."""
@@ -644,12 +612,8 @@ def launch_moe_gemm(
 ) -> None:
     """One GEMM of the fused MoE. FP8 ``a`` and ``w`` come with their scales: with ``block_size``,
     ``a_scale`` [a rows, K groups] and ``w_scale`` [E, row blocks, K blocks]; with ``block_size`` 0,
-    ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]. Block-FP8 ``w`` with ``a`` in
-    a 16- or 32-bit dtype and no ``a_scale``: the GEMM quantizes ``a`` itself per token and
-    ``block_size`` group (as :func:`quantize_activations` would), which needs a K step of the whole
-    group (the tiles' ``BLOCK_K`` at least ``block_size``; see :func:`quantizes_input`). MXFP4 ``w``
-    (``mxfp4``) is packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and ``a`` is
-    not quantized.
+    ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]. MXFP4 ``w`` (``mxfp4``) is
+    packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and ``a`` is not quantized.
 
     ``tiles["SPLIT_K"]`` (default 1) > 1 splits K among that many programs per output tile. Gated,
     their fp32 partials are reduced here into ``out`` (``expert_ids``, the flat top-k ids, find each
@@ -664,10 +628,6 @@ def launch_moe_gemm(
     up_offset, step = (1, 2) if interleaved else (n, 1)
     if not gated:
         up_offset, step = 0, 1
-    quant_a = w_scale is not None and not mxfp4 and a_scale is None
-    if quant_a and not quantizes_input(tiles, block_size):
-        raise ValueError(f"launch_moe_gemm: quantizing the input in the GEMM needs block FP8 and a K step "
-                         f"of the whole group ({block_size}), not {tiles['BLOCK_K']}")
     if block_size:
         # A K step must lie inside one scale block: BLOCK_K (a power of two) clamped to a divisor.
         tiles = {**tiles, "BLOCK_K": math.gcd(tiles["BLOCK_K"], block_size)}
@@ -705,8 +665,6 @@ def launch_moe_gemm(
         alpha,
         limit,
         split_k,
-        fp8_dtype_max(w.dtype) if quant_a else 0.0,
-        MIN_AMAX,
         A_ROW_DIVISOR=a_row_divisor,
         GATED=gated,
         ACT=act,
@@ -720,7 +678,6 @@ def launch_moe_gemm(
         DOT_PRECISION=dot_precision(a.dtype),
         EVEN_K=k % tiles["BLOCK_K"] == 0,
         PARTIAL=split_k > 1,
-        QUANT_A=quant_a,
         BLOCK_M=block_m,
         **tiles,
     )
@@ -835,15 +792,11 @@ def warm_up_fused_moe(
     topk_ids = (torch.arange(top_k, device=w13.device) % num_experts).to(torch.int32)[None, :]
     topk_weights = torch.full((1, top_k), 1.0 / top_k, dtype=torch.float32, device=w13.device)
     configs = all_tuned_configs("fused_moe", key, w13.device) or default_moe_configs()
-    # Block-FP8 GEMMs compile apart with and without their input quantization: the token count
-    # picks one at run time, and a config may serve counts on both sides of the bound.
-    quantize_options = (True, False) if block_size and weight_format != "mxfp4" else (None,)
-    for config, quantize_in_gemm in itertools.product(configs, quantize_options):
+    for config in configs:
         run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, act=ACTIVATIONS[activation],
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
                       w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
-                      block_size=block_size, weight_format=weight_format, input_format=input_format,
-                      quantize_in_gemm=quantize_in_gemm)
+                      block_size=block_size, weight_format=weight_format, input_format=input_format)
     for block_m in {config["BLOCK_M"] for config in configs if "BLOCK_M" in config}:
         warm_up_moe_align(num_experts, block_m, w13.device)
 
@@ -867,12 +820,9 @@ def run_fused_moe(
     block_size: int = 0,
     weight_format: str = "auto",
     input_format: str = "auto",
-    quantize_in_gemm: bool | None = None,
 ) -> torch.Tensor:
     """The Triton fused MoE with a given tile config (:func:`moe_config`'s form, or with ``"GEMV"``
-    for MXFP4 experts: :mod:`atom_kernels.moe_gemv`); no checks. Block-FP8 experts quantize each
-    GEMM's input inside the GEMM where its tiles allow it if ``quantize_in_gemm`` (by default: up to
-    :data:`FUSED_INPUT_QUANT_MAX_TOKENS` tokens), else in a launch of its own."""
+    for MXFP4 experts: :mod:`atom_kernels.moe_gemv`); no checks."""
     mxfp4 = weight_format == "mxfp4"
     round_inputs = mxfp4_quant_dequant_triton if input_format == "mxfp4" else None
     if round_inputs is not None:
@@ -891,16 +841,7 @@ def run_fused_moe(
     block_m = config["BLOCK_M"]
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
     fp8 = w13_scale is not None and not mxfp4
-    if quantize_in_gemm is None:
-        quantize_in_gemm = num_tokens <= FUSED_INPUT_QUANT_MAX_TOKENS
-
-    def gemm_input(a: torch.Tensor, tiles: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(input, scales) of one GEMM: quantized here for FP8 experts unless the GEMM does it."""
-        if not fp8 or (quantize_in_gemm and quantizes_input(tiles, block_size)):
-            return a, None
-        return quantize_activations(a, block_size, "triton")
-
-    a, a_scale = gemm_input(x, config["gate_up"])
+    a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     expert_ids = topk_ids.reshape(-1)
     launch_moe_gemm(
@@ -928,7 +869,9 @@ def run_fused_moe(
     )
     if round_inputs is not None:
         hidden_states = round_inputs(hidden_states)
-    a, a_scale = gemm_input(hidden_states, config["down"])
+    a, a_scale = (
+        quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
+    )
     down_split = config["down"].get("SPLIT_K", 1)
     expert_out = torch.empty((num_entries * down_split, hidden),
                              dtype=torch.float32 if down_split > 1 else x.dtype, device=x.device)
