@@ -190,14 +190,19 @@ for step in $steps; do
     # --kv-cache-dtype fp8` with FULL_AND_PIECEWISE CUDA graphs; random 8000 in / 1000 out at concurrency 64, FLAGSHIP_PROMPTS requests (the issue's 640 by
     # default). vLLM's own DeepGEMM warm-up stays on (its default): skipping it had vLLM alone's server
     # not up after 420 s on 4 H200s (b355b2b), compiling during graph capture. Each server gets 20 minutes.
-    # With EP vLLM alone picks FlashInfer's CUTLASS FP8 MoE, compiled from source on first use where the
-    # install has no prebuilt FlashInfer kernels (not up after 900 s at 627ee3d): FLAGSHIP_NATIVE_MOE_BACKEND
-    # (e.g. deep_gemm, triton) names vLLM alone's MoE backend instead, recorded in the report.
+    # vLLM alone stays off the FlashInfer kernels that it compiles from source on first use where the
+    # install ships none prebuilt (this GPU image): with EP it picks FlashInfer's CUTLASS FP8 MoE (not up
+    # after 900 s at 627ee3d), so FLAGSHIP_NATIVE_MOE_BACKEND names its MoE backend (triton by default;
+    # recorded in the report); and its block-FP8 linears' FlashInfer DeepGEMM path, whose TP workers
+    # race on one JIT cache entry during CUDA-graph capture and crash (d113dee, 4 H200s), is turned off
+    # (VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0: vLLM's own DeepGEMM serves them, warmed up at start).
+    # Neither changes ATOM's server, which serves these layers with its own kernels.
     flagship-serving) tp=${FLAGSHIP_TP:-4}; ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
+                        VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=${VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER:-0} \
                           multi_gpu python3 "$here/e2e/bench_serving.py" \
                             --out "$out/flagship-tp$tp/serving-deepseek-v3-8l-fp8-tp$tp-ep.json" --model deepseek-v3-8l-fp8 \
                             --random-weights --greedy-prompts 32 \
-                            ${FLAGSHIP_NATIVE_MOE_BACKEND:+--native-server-arg=--moe-backend=$FLAGSHIP_NATIVE_MOE_BACKEND} \
+                            --native-server-arg=--moe-backend=${FLAGSHIP_NATIVE_MOE_BACKEND:-triton} \
                             --concurrencies 64 --input-len 8000 --output-len 1000 --num-prompts "${FLAGSHIP_PROMPTS:-640}" \
                             --server-arg=--tensor-parallel-size=$tp --server-arg=--enable-expert-parallel \
                             --server-arg=--kv-cache-dtype=fp8 \
