@@ -46,8 +46,8 @@ def compile_for_hopper(kernel, constexprs: dict, num_warps: int, num_stages: int
 
 def moe_gemm_signature(w: str, w_scale: str, out: str, a_scale: bool, routed: bool, bias: bool) -> dict:
     """_moe_gemm_kernel's argument types as launch_moe_gemm passes them (None pointers are constexprs)."""
-    pointers = {"a_ptr": "*fp8e4nv" if a_scale else "*bf16", "w_ptr": w, "bias_ptr": "*bf16" if bias else None, "out_ptr": out,
-                "topk_weights_ptr": "*fp32" if routed else None, "sorted_ids_ptr": "*i32",
+    pointers = {"a_ptr": "*fp8e4nv" if a_scale else "*bf16", "w_ptr": w, "bias_ptr": "*bf16" if bias else None,
+                "out_ptr": out, "topk_weights_ptr": "*fp32" if routed else None, "sorted_ids_ptr": "*i32",
                 "block_expert_ptr": "*i32", "a_scale_ptr": "*fp32" if a_scale else None, "w_scale_ptr": w_scale}
     floats = {"alpha", "limit"}
     return {name: pointers[name] if name in pointers else ("fp32" if name in floats else "i32")
