@@ -63,8 +63,10 @@ LOGPROB_TOLERANCE = 0.06
 # Between two implementations' kernels in bf16 on a quantized checkpoint: a rounding difference
 # before an FP8 activation quantization moves that value by a whole FP8 step (6 %), about once in 16
 # values, so two correct implementations differ by up to ~0.3 in log-probability on the tiny random
-# models; a misapplied scale is off by whole units.
-OTHER_KERNELS_TOLERANCE = 0.5
+# models, and where such a step lands on a sensitive position more: 0.70 at one of the 22 positions
+# of the tiny Qwen3-Next (the others within 0.1) under vLLM 0.32's AMX attention kernel, on a CPU with
+# AMX. A misapplied scale is off by whole units at most positions.
+OTHER_KERNELS_TOLERANCE = 1.0
 # Logged by atom_vllm.platform when the hybrids' full-attention layers stay on vLLM's CPU attention.
 CPU_HYBRID_ATTENTION = "vLLM's CPU attention serves the full-attention layers of this hybrid model"
 
