@@ -195,7 +195,8 @@ for step in $steps; do
     # after 900 s at 627ee3d), so FLAGSHIP_NATIVE_MOE_BACKEND names its MoE backend (triton by default;
     # recorded in the report); and its block-FP8 linears' FlashInfer DeepGEMM path, whose TP workers
     # race on one JIT cache entry during CUDA-graph capture and crash (d113dee, 4 H200s), is turned off
-    # (VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0: vLLM's own DeepGEMM serves them, warmed up at start).
+    # (VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0: next in vLLM's kernel order is its own DeepGEMM, which its
+    # warm-up compiles at start; not yet run on a GPU).
     # Neither changes ATOM's server, which serves these layers with its own kernels.
     flagship-serving) tp=${FLAGSHIP_TP:-4}; ATOM_BENCH_SERVER_TIMEOUT=${ATOM_BENCH_SERVER_TIMEOUT:-1200} \
                         VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=${VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER:-0} \

@@ -1,9 +1,9 @@
 """The Gated DeltaNet and conv kernels, and the fused MoE GEMM's block-FP8 variants and its MXFP4
-linear-layer variant, compile for Hopper (sm90) without a GPU. The
-interpreter never compiles, so a kernel could pass the suite and still fail to compile, or ask for
-more shared memory than an sm90 block has (the state pass once asked 312 KiB), on its first GPU. Run
-without TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's and
-DeepSeek-V3's shapes and the launchers' settings."""
+linear-layer variant, compile for Hopper (sm90) without a GPU. The interpreter never compiles, so a
+kernel could pass the suite and still fail to compile, or ask for more shared memory than an sm90
+block has (the state pass once asked 312 KiB), on its first GPU. Run without TRITON_INTERPRET, this
+file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's and DeepSeek-V3's shapes and the
+launchers' settings."""
 
 from __future__ import annotations
 
