@@ -1,9 +1,9 @@
-"""The Gated DeltaNet and conv kernels, and the fused MoE GEMM's block-FP8 variants and its MXFP4
-linear-layer variant, compile for Hopper (sm90) without a GPU. The interpreter never compiles, so a
-kernel could pass the suite and still fail to compile, or ask for more shared memory than an sm90
-block has (the state pass once asked 312 KiB), on its first GPU. Run without TRITON_INTERPRET, this
-file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's and DeepSeek-V3's shapes and the
-launchers' settings."""
+"""The Gated DeltaNet and conv kernels, and the fused MoE GEMM's block-FP8 variants, its MXFP4
+linear-layer variant and its MXFP4 gate/up with register decoding, compile for Hopper (sm90) without
+a GPU. The interpreter never compiles, so a kernel could pass the suite and still fail to compile, or
+ask for more shared memory than an sm90 block has (the state pass once asked 312 KiB), on its first
+GPU. Run without TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's
+and DeepSeek-V3's shapes and the launchers' settings."""
 
 from __future__ import annotations
 
@@ -68,13 +68,17 @@ def compile_moe_gemm(signature: dict, constexprs: dict, tiles: dict) -> int:
 
 def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
     """(signature, constexprs, tiles): block-FP8 gate/up and down (DeepSeek-V3's one-token tiles of the
-    H100 table, the down GEMM split in K), and an MXFP4 linear (microscaled dot)."""
+    H100 table, the down GEMM split in K), an MXFP4 linear (microscaled dot) and an MXFP4 gate/up
+    decoded in registers."""
     common = dict(A_ROW_DIVISOR=1, ACT=moe.ACT_SILU, DOT_PRECISION="ieee", EVEN_K=True, MXFP4=False,
-                  MX_DOT=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False, GATED=False,
+                  MX_DOT=False, MX_REGISTERS=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False, GATED=False,
                   W8A8=True, SCALE_BLOCK=128, PARTIAL=False, BLOCK_M=16)
     gate_up = dict(common, GATED=True, A_ROW_DIVISOR=8)
     down = dict(common, MUL_ROUTED_WEIGHT=True, PARTIAL=True)
     linear = dict(common, W8A8=False, MXFP4=True, MX_DOT=True, A_FORMAT="bf16", SCALE_BLOCK=0, HAS_BIAS=True)
+    # gpt-oss's gate/up GEMM with the weights decoded in registers (inline PTX: only ptxas checks it).
+    registers = dict(linear, MX_DOT=False, MX_REGISTERS=True, GATED=True, A_ROW_DIVISOR=4,
+                     ACT=moe.ACTIVATIONS["clamped_swiglu"])
     tiles = moe.default_moe_config(1, 1)["down"]
     return [
         (moe_gemm_signature("*fp8e4nv", "*fp32", "*bf16", True, False, False), gate_up,
@@ -82,6 +86,8 @@ def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
         (moe_gemm_signature("*fp8e4nv", "*fp32", "*fp32", True, True, False), down,
          {"BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}),
         (moe_gemm_signature("*u8", "*u8", "*bf16", False, False, True), linear, tiles),
+        (moe_gemm_signature("*u8", "*u8", "*bf16", False, False, True), registers,
+         {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}),
     ]
 
 

@@ -461,6 +461,49 @@ def test_fused_moe_mxfp4_matches_the_dequantized_weights(
         assert_close(out, reference_moe(x, w13_deq, w2_deq, weights, ids), dtype, "accumulated")
 
 
+def test_register_decoding_takes_scales_whose_codes_it_covers():
+    """The MXFP4 GEMMs decode in registers only for scale tensors whose every e8m0 code lies within
+    REGISTER_DECODE_CODES; the check is kept per tensor until it changes, and a view is judged by its
+    base."""
+    low, high = atom_kernels.mxfp4.REGISTER_DECODE_CODES
+    scales = torch.full((2, 8, 4), low, dtype=torch.uint8, device=DEVICE)
+    scales[1] = high
+    assert atom_kernels.moe._codes_in_register_range(scales)
+    assert atom_kernels.moe._codes_in_register_range(scales.unsqueeze(0))
+    scales[0, 0, 0] = high + 1  # in place: a new version of the tensor, checked again
+    assert not atom_kernels.moe._codes_in_register_range(scales)
+    scales[0, 0, 0] = low - 1
+    assert not atom_kernels.moe._codes_in_register_range(scales[1:])  # its base has the code
+    assert atom_kernels.moe._codes_in_register_range(scales[1:].clone())
+
+
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
+                                or torch.cuda.get_device_capability() < (9, 0),
+                                reason="register decoding needs an NVIDIA GPU with sm_90's bf16x2 multiply")
+
+
+@needs_sm90
+@pytest.mark.parametrize("code_offset", [0, -1], ids=["codes at the ends of the range", "one code outside"])
+def test_fused_moe_mxfp4_register_decoding_is_exact_at_its_code_range(code_offset):
+    """Scales at both ends of REGISTER_DECODE_CODES (weights of 2 ** -99 and 2 ** 27 times the e2m1
+    values) decode in registers and match the dequantized weights; one code outside sends the layer to
+    the microscaled dot, with the same result."""
+    low, high = atom_kernels.mxfp4.REGISTER_DECODE_CODES
+    x = rand(5, 64, dtype=torch.bfloat16)
+    w13, w13_scale = mxfp4_weight(4, 64, 64)
+    w2, w2_scale = mxfp4_weight(4, 64, 32)
+    w13_scale[0].fill_(low)
+    w13_scale[1].fill_(high)
+    w13_scale[2, 0, 0] = high - code_offset
+    assert atom_kernels.moe.mx_register_decode(x, w13_scale, 16) == (code_offset == 0)
+    weights, ids = routing(5, 4, 2)
+    out = impl("fused_moe", "triton")(x, w13, w2, weights, ids, w13_scale=w13_scale, w2_scale=w2_scale,
+                                      weight_format="mxfp4")
+    w13_deq, w2_deq = decode_mxfp4(w13, w13_scale), decode_mxfp4(w2, w2_scale)
+    want = impl("fused_moe", "torch")(x, w13_deq.to(torch.bfloat16), w2_deq.to(torch.bfloat16), weights, ids)
+    assert_close(out, want, torch.bfloat16, "accumulated")
+
+
 def test_fused_moe_mxfp4_aiter_adapter_runs_triton():
     x = rand(3, 64, dtype=torch.bfloat16)
     (w13, w13_scale), (w2, w2_scale) = mxfp4_weight(4, 64, 64), mxfp4_weight(4, 64, 32)

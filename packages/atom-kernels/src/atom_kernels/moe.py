@@ -20,6 +20,7 @@ FP4 matrix unit runs them.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import triton
@@ -40,8 +41,12 @@ from atom_kernels.moe_gemv import run_fused_moe_mxfp4_gemv
 from atom_kernels.moe_reduce import reduce_gated_partials, sum_expert_rows
 from atom_kernels.mxfp4 import (
     MXFP4_BLOCK,
+    REGISTER_DECODE_CODES,
+    REGISTER_DECODE_RESCALE,
     dequantize_mxfp4,
+    e2m1_pairs_to_bf16,
     e2m1_to_float,
+    e8m0_to_decode_factor,
     e8m0_to_float,
     mxfp4_quant_dequant_torch,
     mxfp4_quant_dequant_triton,
@@ -327,7 +332,10 @@ def fused_moe_torch(
 # GEMM's are summed with the top_k rows in step 4 (it is linear).
 # With FP8 weights, x and the hidden rows are quantized to fp8 before their GEMM, and the GEMMs apply
 # the scales of both operands: per K step (block FP8) or in the epilogue (per row / per token).
-# With MXFP4 weights the GEMMs decode each weight tile to the activations' dtype (_mxfp4_step).
+# With MXFP4 weights the GEMMs decode each weight tile to the activations' dtype: on Hopper with bf16
+# activations and row blocks of up to 32, in registers with the weight tile as the MMA's left operand
+# (_mxfp4_step_registers, mx_register_decode); otherwise through Triton's microscaled dot, or, in the
+# interpreter and for fp32 activations, with explicit decoding (_mxfp4_step).
 
 
 @triton.jit
@@ -371,6 +379,29 @@ def _mxfp4_step(
     return tl.dot(a_odd, high, acc, input_precision=DOT_PRECISION)
 
 
+@triton.jit
+def _mxfp4_step_registers(acc_t, a_rows, w_rows, w_scales, k0, K, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``acc_t`` + the K step at ``k0`` of (A @ W^T)^T with MXFP4 W, decoded in registers: the weight
+    tile is the MMA's left operand (its BLOCK_N rows the wide side, the BLOCK_M tokens the narrow
+    one), so the decoded values feed the MMA from registers; low nibbles meet A's even columns, high
+    nibbles its odd ones. ``w_rows`` / ``w_scales`` [BLOCK_N, 1] point at W's bytes and scales.
+    The result is 1 / REGISTER_DECODE_RESCALE times the true one (:func:`e8m0_to_decode_factor`)."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    ks = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+    a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, HALF, 2]))
+    pairs = k0 // 2 + tl.arange(0, HALF)  # byte j holds values 2j and 2j + 1
+    packed = tl.load(w_rows + pairs[None, :], mask=(pairs < K // 2)[None, :], other=0)
+    groups = k0 // 32 + tl.arange(0, GROUPS)
+    codes = tl.load(w_scales + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
+    factors = tl.broadcast_to(e8m0_to_decode_factor(codes)[:, :, None], [BLOCK_N, GROUPS, 16])
+    low, high = e2m1_pairs_to_bf16(packed, tl.reshape(factors, [BLOCK_N, HALF]))
+    acc_t = tl.dot(low, tl.trans(a_even), acc_t)
+    return tl.dot(high, tl.trans(a_odd), acc_t)
+
+
 @triton.jit(do_not_specialize=["num_entries", "split_k"])
 def _moe_gemm_kernel(
     a_ptr,
@@ -406,6 +437,7 @@ def _moe_gemm_kernel(
     W8A8: tl.constexpr,
     MXFP4: tl.constexpr,
     MX_DOT: tl.constexpr,
+    MX_REGISTERS: tl.constexpr,
     A_FORMAT: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -442,10 +474,16 @@ def _moe_gemm_kernel(
     # stacked [gate | up] layout, step 2 and offset 1 for interleaved rows.
     w_rows = (cols % N) * gate_up_step
     w_cols = w_expert + w_rows.to(tl.int64)[None, :] * w_stride_n
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if MX_REGISTERS:  # transposed accumulators (_mxfp4_step_registers)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if GATED:
         up_cols = w_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_stride_n
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if MX_REGISTERS:
+            acc_up = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if W8A8:
         # fp8 A and W. A's scale rows are gathered like its rows; weight row r has scale row
         # r // SCALE_BLOCK (blocks of SCALE_BLOCK x SCALE_BLOCK), or r with SCALE_BLOCK 0 (per row).
@@ -471,7 +509,13 @@ def _moe_gemm_kernel(
         k_begin = split * steps * BLOCK_K
         k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        if MXFP4:
+        if MX_REGISTERS:
+            acc = _mxfp4_step_registers(acc, a_rows, tl.trans(w_cols), tl.trans(w_scales), k0, K,
+                                        BLOCK_M, BLOCK_N, BLOCK_K)
+            if GATED:
+                acc_up = _mxfp4_step_registers(acc_up, a_rows, tl.trans(up_cols), tl.trans(up_scales),
+                                               k0, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        elif MXFP4:
             acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K, DOT_PRECISION,
                               MX_DOT, A_FORMAT)
             if GATED:
@@ -507,6 +551,10 @@ def _moe_gemm_kernel(
                 else:
                     acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
 
+    if MX_REGISTERS:
+        acc = tl.trans(acc) * REGISTER_DECODE_RESCALE
+        if GATED:
+            acc_up = tl.trans(acc_up) * REGISTER_DECODE_RESCALE
     if W8A8 and SCALE_BLOCK == 0:
         a_scale = tl.load(a_scales)[:, None]
         acc *= a_scale * tl.load(w_scales)[None, :]
@@ -584,6 +632,41 @@ def mx_dot_format(a: torch.Tensor) -> str | None:
     if interpreting():
         return None
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(a.dtype)
+
+
+# Scale tensors checked for register decoding: id of the tensor (a view's base) -> (a weak reference
+# to it, its version counter then, whether every code was in range).
+_checked_scales: dict[int, tuple[weakref.ref, int, bool]] = {}
+
+
+def _codes_in_register_range(w_scale: torch.Tensor) -> bool | None:
+    """Whether every e8m0 code of ``w_scale`` lies within REGISTER_DECODE_CODES. A view is judged by its
+    whole base (a layer's scales are usually a view of its parameter). Checked once per tensor and
+    version (the check syncs); None while a CUDA graph is being captured and the tensor is unchecked."""
+    owner = w_scale if w_scale._base is None or w_scale._base.dtype != w_scale.dtype else w_scale._base
+    entry = _checked_scales.get(id(owner))
+    if entry is not None and entry[0]() is owner and entry[1] == owner._version:
+        return entry[2]
+    if owner.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    low, high = REGISTER_DECODE_CODES
+    in_range = bool(((owner >= low) & (owner <= high)).all())
+    _checked_scales[id(owner)] = (weakref.ref(owner), owner._version, in_range)
+    return in_range
+
+
+def mx_register_decode(a: torch.Tensor, w_scale: torch.Tensor, block_m: int) -> bool:
+    """Whether an MXFP4 GEMM decodes its weight tiles in registers (_mxfp4_step_registers) instead of
+    through Triton's microscaled dot: bf16 activations on an NVIDIA GPU with sm_90's bf16x2 multiply,
+    row blocks of at most 32 (at 64 rows a block the microscaled dot measured as fast or faster:
+    benchmarks/kernels/experiments/mxfp4-tiled-decode-h200.json), and scales whose every code the
+    register decoding covers (:data:`atom_kernels.mxfp4.REGISTER_DECODE_CODES`; others keep the
+    microscaled dot, also while a graph is captured before the tensor was checked)."""
+    if interpreting() or a.dtype != torch.bfloat16 or block_m > 32 or not a.is_cuda:
+        return False
+    if torch.version.hip is not None or torch.cuda.get_device_capability(a.device) < (9, 0):
+        return False
+    return bool(_codes_in_register_range(w_scale))
 
 
 def launch_moe_gemm(
@@ -673,6 +756,7 @@ def launch_moe_gemm(
         W8A8=w_scale is not None and not mxfp4,
         MXFP4=mxfp4,
         MX_DOT=mxfp4 and mx_dot_format(a) is not None,
+        MX_REGISTERS=mxfp4 and mx_register_decode(a, w_scale, block_m),
         A_FORMAT=mx_dot_format(a) or "",
         SCALE_BLOCK=block_size if w_scale is not None else 0,
         DOT_PRECISION=dot_precision(a.dtype),

@@ -68,6 +68,56 @@ def e8m0_to_float(scale):
     return tl.where(scale == 0, 2.0**-127, power)
 
 
+# Register decoding for Hopper's MMA (the fused MoE's MXFP4 GEMMs, ``atom_kernels.moe``). Per 16-bit
+# register two packed bytes, per 32-bit register their two bf16 factors; out: the two low nibbles'
+# bf16 values ($0) and the two high nibbles' ($1). A nibble's sign goes to bf16 bit 15 and its three
+# magnitude bits to bits 8-6, so the bf16 reads 2 ** -126 times the e2m1 value (exactly, the
+# subnormal 0.5 included); one bf16x2 multiply by the factor applies the block scale. Needs sm_90's
+# bf16x2 multiply.
+_E2M1_PAIRS_TO_BF16 = tl.constexpr("""
+{
+.reg .b32 t, x, y;
+cvt.u32.u16 t, $2;
+prmt.b32 t, t, 0, 0x4140;
+shl.b32 x, t, 6;
+and.b32 x, x, 0x01C001C0;
+shl.b32 y, t, 12;
+and.b32 y, y, 0x80008000;
+or.b32 x, x, y;
+mul.rn.bf16x2 $0, x, $3;
+shl.b32 x, t, 2;
+and.b32 x, x, 0x01C001C0;
+shl.b32 y, t, 8;
+and.b32 y, y, 0x80008000;
+or.b32 x, x, y;
+mul.rn.bf16x2 $1, x, $3;
+}
+""")
+# The factor of e8m0 code c is 2 ** (c - 127) * 2 ** (126 - REGISTER_DECODE_SHIFT): the decoded values
+# come out 2 ** -REGISTER_DECODE_SHIFT times the true ones (the GEMM multiplies its fp32 sums back). A
+# power of two scales every product and partial sum alike, so the sums are the unshifted ones, exactly,
+# for codes in REGISTER_DECODE_CODES: within them the factor is a normal bf16 and so is each product
+# (also for the smallest nonzero e2m1 value).
+REGISTER_DECODE_SHIFT = 26
+REGISTER_DECODE_RESCALE = tl.constexpr(2.0**REGISTER_DECODE_SHIFT)
+REGISTER_DECODE_CODES = (28, 154)
+
+
+@triton.jit
+def e8m0_to_decode_factor(codes):
+    """bf16 factors of :func:`e2m1_pairs_to_bf16` for uint8 e8m0 codes within
+    :data:`REGISTER_DECODE_CODES` (bits (c + 127 - 27) << 7: 2 ** (c - 27))."""
+    return ((codes.to(tl.uint16) + 100) << 7).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e2m1_pairs_to_bf16(packed, factors):
+    """bf16 (low, high): the values of the low and the high nibble of each uint8 of ``packed``, times
+    the bf16 ``factors`` (:func:`e8m0_to_decode_factor`, the shape of ``packed``) and 2 ** -126."""
+    return tl.inline_asm_elementwise(_E2M1_PAIRS_TO_BF16, "=r,=r,h,r", [packed, factors],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+
+
 @define_op
 def mxfp4_quant_dequant(x: torch.Tensor) -> torch.Tensor:
     """``x`` [..., K] (K a multiple of 32) rounded to MXFP4 and back, in x's dtype: per 32 values a
