@@ -16,6 +16,11 @@ import tempfile
 import time
 from collections.abc import Callable
 
+# vLLM's LLM.apply_model, which engine_run.py and profile_steps.py call to report the classes that
+# served, sends a function to the engine process: vLLM allows that only with pickle serialization on.
+# (Set here, not by the caller: a run without it failed after both engines had started, 2026-11-28.)
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
 # Prompt length of the correctness probe, and the seeds: one per prompt set, shared by both engines.
 CORRECTNESS_PROMPT_LEN = 64
 CORRECTNESS_SEED = 1
