@@ -463,8 +463,8 @@ def test_fused_moe_mxfp4_matches_the_dequantized_weights(
 
 def test_register_decoding_takes_scales_whose_codes_it_covers():
     """The MXFP4 GEMMs decode in registers only for scale tensors whose every e8m0 code lies within
-    REGISTER_DECODE_CODES; the check is kept per tensor until it changes, and a view is judged by its
-    base."""
+    REGISTER_DECODE_CODES; the check is kept per tensor until it changes, a view is judged by its
+    base, and an alias of a checked tensor (another object at its address) gets its answer."""
     low, high = atom_kernels.mxfp4.REGISTER_DECODE_CODES
     scales = torch.full((2, 8, 4), low, dtype=torch.uint8, device=DEVICE)
     scales[1] = high
@@ -475,6 +475,7 @@ def test_register_decoding_takes_scales_whose_codes_it_covers():
     scales[0, 0, 0] = low - 1
     assert not atom_kernels.moe._codes_in_register_range(scales[1:])  # its base has the code
     assert atom_kernels.moe._codes_in_register_range(scales[1:].clone())
+    assert not atom_kernels.moe._codes_in_register_range(scales.detach())  # an alias: the same answer
 
 
 needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None

@@ -634,9 +634,11 @@ def mx_dot_format(a: torch.Tensor) -> str | None:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(a.dtype)
 
 
-# Scale tensors checked for register decoding: id of the tensor (a view's base) -> (a weak reference
-# to it, its version counter then, whether every code was in range).
-_checked_scales: dict[int, tuple[weakref.ref, int, bool]] = {}
+# Scale tensors checked for register decoding, by (address, shape, strides, device) of the tensor (a
+# view's base): a weak reference to the tensor checked, its version counter then, the result. An
+# entry stands while that tensor lives (so the memory is still its own: another tensor object at the
+# same address is an alias of it, as a graph's parameter inputs can be) and is unchanged.
+_checked_scales: dict[tuple, tuple[weakref.ref, int, bool]] = {}
 
 
 def _codes_in_register_range(w_scale: torch.Tensor) -> bool | None:
@@ -644,14 +646,22 @@ def _codes_in_register_range(w_scale: torch.Tensor) -> bool | None:
     whole base (a layer's scales are usually a view of its parameter). Checked once per tensor and
     version (the check syncs); None while a CUDA graph is being captured and the tensor is unchecked."""
     owner = w_scale if w_scale._base is None or w_scale._base.dtype != w_scale.dtype else w_scale._base
-    entry = _checked_scales.get(id(owner))
-    if entry is not None and entry[0]() is owner and entry[1] == owner._version:
-        return entry[2]
+    key = (owner.data_ptr(), tuple(owner.shape), owner.stride(), owner.device)
+    entry = _checked_scales.get(key)
+    if entry is not None:
+        checked = entry[0]()
+        if checked is not None and checked._version == entry[1]:
+            return entry[2]
     if owner.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
     low, high = REGISTER_DECODE_CODES
     in_range = bool(((owner >= low) & (owner <= high)).all())
-    _checked_scales[id(owner)] = (weakref.ref(owner), owner._version, in_range)
+
+    def forget(ref: weakref.ref) -> None:
+        if _checked_scales.get(key, (None,))[0] is ref:
+            del _checked_scales[key]
+
+    _checked_scales[key] = (weakref.ref(owner, forget), owner._version, in_range)
     return in_range
 
 
