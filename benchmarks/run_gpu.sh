@@ -91,7 +91,9 @@ for step in $steps; do
     # (vLLM's dummy loader skips integer parameters), so both engines run the same weights.
     mxfp4-120b-offline) ATOM_SERVE_MXFP4=1 python3 "$here/e2e/bench_offline.py" --out "$out/offline-mxfp4-120b.json" \
                           gpt-oss-120b-mxfp4 ;;
-    mxfp4-serving) for model in gpt-oss-20b-mxfp4 gpt-oss-120b-mxfp4; do
+    # MXFP4_SERVING_MODELS narrows the sweep (a lease fits about one model). Dummy weights have every
+    # scale code 0, which keeps ATOM's MXFP4 GEMMs off register decoding (atom_kernels.moe.mx_register_decode).
+    mxfp4-serving) for model in ${MXFP4_SERVING_MODELS:-gpt-oss-20b-mxfp4 gpt-oss-120b-mxfp4}; do
                      mkdir -p "$out/serving-$model"; ATOM_SERVE_MXFP4=1 python3 "$here/e2e/bench_serving.py" --out "$out/serving-$model/serving-$model.json" \
                        --model $model --concurrencies 1,16,64
                    done ;;
