@@ -4,8 +4,9 @@ experts of the DeepSeek-V3 family), ``y = x @ dequant(W)^T (+ b)``.
 The torch reference decodes the whole weight to x's dtype and multiplies: at DeepSeek-V3's dense
 MLP width that writes a half-gigabyte temporary per call. The Triton implementation reads the packed
 weight in the fused MoE's GEMM kernel (:func:`atom_kernels.moe.launch_moe_gemm`) as one expert that
-every row is routed to: each weight tile is upcast in registers (Triton's microscaled dot on
-16-bit activations), nothing else is written.
+every row is routed to: each weight tile is upcast in registers (on Hopper with bf16 activations and
+up to 64 rows by the GEMM's own decoding, else Triton's microscaled dot on 16-bit activations),
+nothing else is written.
 """
 
 from __future__ import annotations
