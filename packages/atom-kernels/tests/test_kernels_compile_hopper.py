@@ -71,8 +71,8 @@ def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
     H100 table, the down GEMM split in K), an MXFP4 linear (microscaled dot) and an MXFP4 gate/up
     decoded in registers."""
     common = dict(A_ROW_DIVISOR=1, ACT=moe.ACT_SILU, DOT_PRECISION="ieee", EVEN_K=True, MXFP4=False,
-                  MX_DOT=False, MX_REGISTERS=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False, GATED=False,
-                  W8A8=True, SCALE_BLOCK=128, PARTIAL=False, BLOCK_M=16)
+                  MX_DOT=False, MX_REGISTERS=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False,
+                  GATED=False, W8A8=True, SCALE_BLOCK=128, PARTIAL=False, BLOCK_M=16)
     gate_up = dict(common, GATED=True, A_ROW_DIVISOR=8)
     down = dict(common, MUL_ROUTED_WEIGHT=True, PARTIAL=True)
     linear = dict(common, W8A8=False, MXFP4=True, MX_DOT=True, A_FORMAT="bf16", SCALE_BLOCK=0, HAS_BIAS=True)
