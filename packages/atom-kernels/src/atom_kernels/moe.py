@@ -384,22 +384,23 @@ def _mxfp4_step_registers(acc_t, a_rows, w_rows, w_scales, k0, K, BLOCK_M: tl.co
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``acc_t`` + the K step at ``k0`` of (A @ W^T)^T with MXFP4 W, decoded in registers: the weight
     tile is the MMA's left operand (its BLOCK_N rows the wide side, the BLOCK_M tokens the narrow
-    one), so the decoded values feed the MMA from registers; low nibbles meet A's even columns, high
-    nibbles its odd ones. ``w_rows`` / ``w_scales`` [BLOCK_N, 1] point at W's bytes and scales.
+    one), so the decoded values feed the MMA from registers. One MMA per step: the tile's K columns
+    in the order [low nibbles | high nibbles] (W's even columns, then its odd ones), and A's columns
+    permuted to match. ``w_rows`` / ``w_scales`` [BLOCK_N, 1] point at W's bytes and scales.
     The result is 1 / REGISTER_DECODE_RESCALE times the true one (:func:`e8m0_to_decode_factor`)."""
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 32
     ks = k0 + tl.arange(0, BLOCK_K)
     a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
-    a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, HALF, 2]))
+    a = tl.reshape(tl.permute(tl.reshape(a, [BLOCK_M, HALF, 2]), [0, 2, 1]), [BLOCK_M, BLOCK_K])
     pairs = k0 // 2 + tl.arange(0, HALF)  # byte j holds values 2j and 2j + 1
     packed = tl.load(w_rows + pairs[None, :], mask=(pairs < K // 2)[None, :], other=0)
     groups = k0 // 32 + tl.arange(0, GROUPS)
     codes = tl.load(w_scales + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
     factors = tl.broadcast_to(e8m0_to_decode_factor(codes)[:, :, None], [BLOCK_N, GROUPS, 16])
     low, high = e2m1_pairs_to_bf16(packed, tl.reshape(factors, [BLOCK_N, HALF]))
-    acc_t = tl.dot(low, tl.trans(a_even), acc_t)
-    return tl.dot(high, tl.trans(a_odd), acc_t)
+    w = tl.reshape(tl.permute(tl.join(low, high), [0, 2, 1]), [BLOCK_N, BLOCK_K])
+    return tl.dot(w, tl.trans(a), acc_t)
 
 
 @triton.jit(do_not_specialize=["num_entries", "split_k"])

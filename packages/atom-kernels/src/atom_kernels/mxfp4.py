@@ -72,25 +72,23 @@ def e8m0_to_float(scale):
 # register two packed bytes, per 32-bit register their two bf16 factors; out: the two low nibbles'
 # bf16 values ($0) and the two high nibbles' ($1). A nibble's sign goes to bf16 bit 15 and its three
 # magnitude bits to bits 8-6, so the bf16 reads 2 ** -126 times the e2m1 value (exactly, the
-# subnormal 0.5 included); one bf16x2 multiply by the factor applies the block scale. Needs sm_90's
-# bf16x2 multiply.
+# subnormal 0.5 included): with the bytes spread to the two halves (prmt), each nibble masked, then
+# one integer multiply by (1 << s) + (1 << (s + 6)) places both copies (their bits do not overlap, so
+# the sum is an OR) and one mask keeps bits 15 and 8-6 of each half. One bf16x2 multiply by the factor
+# applies the block scale. Needs sm_90's bf16x2 multiply.
 _E2M1_PAIRS_TO_BF16 = tl.constexpr("""
 {
-.reg .b32 t, x, y;
+.reg .b32 t, m, y;
 cvt.u32.u16 t, $2;
 prmt.b32 t, t, 0, 0x4140;
-shl.b32 x, t, 6;
-and.b32 x, x, 0x01C001C0;
-shl.b32 y, t, 12;
-and.b32 y, y, 0x80008000;
-or.b32 x, x, y;
-mul.rn.bf16x2 $0, x, $3;
-shl.b32 x, t, 2;
-and.b32 x, x, 0x01C001C0;
-shl.b32 y, t, 8;
-and.b32 y, y, 0x80008000;
-or.b32 x, x, y;
-mul.rn.bf16x2 $1, x, $3;
+and.b32 m, t, 0x000F000F;
+mul.lo.u32 y, m, 0x1040;
+and.b32 y, y, 0x81C081C0;
+mul.rn.bf16x2 $0, y, $3;
+and.b32 m, t, 0x00F000F0;
+mul.lo.u32 y, m, 0x104;
+and.b32 y, y, 0x81C081C0;
+mul.rn.bf16x2 $1, y, $3;
 }
 """)
 # The factor of e8m0 code c is 2 ** (c - 127) * 2 ** (126 - REGISTER_DECODE_SHIFT): the decoded values
