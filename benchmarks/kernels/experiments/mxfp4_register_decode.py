@@ -1,12 +1,13 @@
-"""The fused MoE with MXFP4 experts at gpt-oss-20b's shape, weights decoded in registers or through
+"""The fused MoE with MXFP4 experts at gpt-oss's shapes, weights decoded in registers or through
 Triton's microscaled dot (``atom_kernels.moe.mx_register_decode`` forced off), with the tile table of
 this GPU.
 
-Usage: python3 benchmarks/kernels/experiments/mxfp4_register_decode.py OUT.json
+Usage: python3 benchmarks/kernels/experiments/mxfp4_register_decode.py OUT.json [--experts 128]
+(32 experts: gpt-oss-20b; 128: gpt-oss-120b)
 
-Uniform random top-4 routing over 32 experts, GPT-OSS's clamped SwiGLU with biases; whole-op time by
+Uniform random top-4 routing, GPT-OSS's clamped SwiGLU with biases; whole-op time by
 CUDA-graph replay (mxfp4_decode_breakdown.graph_us); the two paths' outputs compared. Results:
-``mxfp4-tiled-decode-h200.json[3e901cf-whole-op]``.
+``mxfp4-tiled-decode-h200.json[3e901cf-whole-op, d9df8fc-whole-op]``.
 """
 
 from __future__ import annotations
@@ -23,26 +24,26 @@ from mxfp4_decode_breakdown import graph_us, mxfp4_blocks  # noqa: E402
 
 from atom_kernels import moe  # noqa: E402
 
-E, TOP_K, D, INTER = 32, 4, 2880, 2880
+TOP_K, D, INTER = 4, 2880, 2880
 TOKENS = (1, 4, 16, 64, 256, 1024)
 BF16 = torch.bfloat16
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, experts: int) -> None:
     torch.manual_seed(0)
-    w13, w13_scale = mxfp4_blocks(E, 2 * INTER, D)
-    w2, w2_scale = mxfp4_blocks(E, D, INTER)
+    w13, w13_scale = mxfp4_blocks(experts, 2 * INTER, D)
+    w2, w2_scale = mxfp4_blocks(experts, D, INTER)
     options = {"activation": "clamped_swiglu", "interleaved": True, "weight_format": "mxfp4",
                "w13_scale": w13_scale, "w2_scale": w2_scale,
-               "w13_bias": (torch.randn(E, 2 * INTER, device="cuda") * 0.1).to(BF16),
-               "w2_bias": (torch.randn(E, D, device="cuda") * 0.1).to(BF16)}
+               "w13_bias": (torch.randn(experts, 2 * INTER, device="cuda") * 0.1).to(BF16),
+               "w2_bias": (torch.randn(experts, D, device="cuda") * 0.1).to(BF16)}
     fused_moe = moe.fused_moe.impl("triton")
     registers = moe.mx_register_decode
     report = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
-              "shape": {"E": E, "top_k": TOP_K, "D": D, "I": INTER}, "tokens": {}}
+              "shape": {"E": experts, "top_k": TOP_K, "D": D, "I": INTER}, "tokens": {}}
     for tokens in TOKENS:
         x = torch.randn(tokens, D, device="cuda", dtype=BF16)
-        ids = torch.stack([torch.randperm(E, device="cuda")[:TOP_K] for _ in range(tokens)]).int()
+        ids = torch.stack([torch.randperm(experts, device="cuda")[:TOP_K] for _ in range(tokens)]).int()
         weights = torch.randn(tokens, TOP_K, device="cuda").softmax(-1)
         row = report["tokens"][str(tokens)] = {}
         outs = {}
@@ -61,4 +62,6 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "mxfp4-register-decode.json")
+    args = sys.argv[1:]
+    experts = int(args[args.index("--experts") + 1]) if "--experts" in args else 32
+    main(args[0] if args and not args[0].startswith("--") else "mxfp4-register-decode.json", experts)
