@@ -68,15 +68,12 @@ def compile_moe_gemm(signature: dict, constexprs: dict, tiles: dict) -> int:
 
 def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
     """(signature, constexprs, tiles): block-FP8 gate/up and down (DeepSeek-V3's one-token tiles of the
-    H100 table, the down GEMM split in K), gate/up quantizing bf16 activations itself, an MXFP4 linear
-    (microscaled dot) and an MXFP4 gate/up decoded in registers."""
+    H100 table, the down GEMM split in K), an MXFP4 linear (microscaled dot) and an MXFP4 gate/up
+    decoded in registers."""
     common = dict(A_ROW_DIVISOR=1, ACT=moe.ACT_SILU, DOT_PRECISION="ieee", EVEN_K=True, MXFP4=False,
-                  QUANT_A=False, FP8_MAX=0.0,
                   MX_DOT=False, MX_REGISTERS=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False,
                   GATED=False, W8A8=True, SCALE_BLOCK=128, PARTIAL=False, BLOCK_M=16)
     gate_up = dict(common, GATED=True, A_ROW_DIVISOR=8)
-    # The same on bf16 activations, quantized per K step in the kernel (quantizes_a_in_gemm).
-    gate_up_quant_a = dict(gate_up, QUANT_A=True, FP8_MAX=448.0)
     down = dict(common, MUL_ROUTED_WEIGHT=True, PARTIAL=True)
     linear = dict(common, W8A8=False, MXFP4=True, MX_DOT=True, A_FORMAT="bf16", SCALE_BLOCK=0, HAS_BIAS=True)
     # gpt-oss's gate/up GEMM with the weights decoded in registers (inline PTX: only ptxas checks it).
@@ -86,8 +83,6 @@ def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
     return [
         (moe_gemm_signature("*fp8e4nv", "*fp32", "*bf16", True, False, False), gate_up,
          {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 8, "num_stages": 4}),
-        (moe_gemm_signature("*fp8e4nv", "*fp32", "*bf16", False, False, False) | {"a_ptr": "*bf16"}, gate_up_quant_a,
-         {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}),
         (moe_gemm_signature("*fp8e4nv", "*fp32", "*fp32", True, True, False), down,
          {"BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}),
         (moe_gemm_signature("*u8", "*u8", "*bf16", False, False, True), linear, tiles),

@@ -577,46 +577,6 @@ def test_split_k_sums_what_one_program_computes(weight_format, split_k):
     assert_close(split, unsplit, dtype, "accumulated")
 
 
-@pytest.mark.parametrize("block_size, block_k, hidden", [(32, 32, 80), (128, 128, 256), (128, 256, 192)],
-                         ids=["block32", "block128", "block128-k256-partial"])
-def test_block_fp8_gemms_quantize_their_inputs_as_the_separate_launch_does(monkeypatch, block_size,
-                                                                              block_k, hidden):
-    """Up to FUSED_A_QUANT_MAX_TOKENS tokens the block-FP8 GEMMs quantize their 16-bit inputs per K
-    step themselves: the same scales and fp8 values as quantize_activations, so the output is the one
-    of the separate launches bit for bit (D = 192 with K steps of 128: the last group half past K)."""
-    from atom_kernels import moe
-
-    num_tokens, inter, num_experts, top_k = 7, 160, 4, 2
-    x = rand(num_tokens, hidden, dtype=torch.bfloat16)
-    w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
-    weights, ids = routing(num_tokens, num_experts, top_k)
-    tiles = {"BLOCK_N": 32, "BLOCK_K": block_k, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
-    config = {"BLOCK_M": 16, "gate_up": tiles, "down": tiles}
-    options = {"w13_scale": w13_scale, "w2_scale": w2_scale, "block_size": block_size}
-    assert moe.quantizes_a_in_gemm(num_tokens, block_size, tiles)
-    fused = moe.run_fused_moe(x, w13, w2, weights, ids, config, **options)
-    monkeypatch.setattr(moe, "FUSED_A_QUANT_MAX_TOKENS", 0)
-    assert not moe.quantizes_a_in_gemm(num_tokens, block_size, tiles)
-    separate = moe.run_fused_moe(x, w13, w2, weights, ids, config, **options)
-    assert torch.equal(fused, separate)
-
-
-def test_fp8_gemm_refuses_16_bit_inputs_it_cannot_quantize():
-    """A 16-bit input meets fp8 weights only where the kernel quantizes it: K steps of the scale
-    block."""
-    from atom_kernels.moe import launch_moe_gemm
-
-    w13, w13_scale, *_ = fp8_experts(2, 128, 64, 128)
-    x = rand(3, 128, dtype=torch.bfloat16)
-    ids = torch.zeros(3, 1, dtype=torch.int32, device=DEVICE)
-    sorted_ids, block_expert = atom_kernels.moe_align.moe_align_block_size_triton(ids, 2, 16)
-    out = torch.empty(3, 64, dtype=torch.bfloat16, device=DEVICE)
-    tiles = {"BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
-    with pytest.raises(ValueError, match="need block_size 128 == BLOCK_K 64 and no a_scale"):
-        launch_moe_gemm(x, w13, None, out, None, sorted_ids, block_expert, 3, 1, 16, tiles, gated=True,
-                        w_scale=w13_scale, block_size=128)
-
-
 @triton.jit
 def _decode_e2m1_kernel(codes_ptr, out_ptr):
     i = tl.arange(0, 16)

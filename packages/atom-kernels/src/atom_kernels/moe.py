@@ -51,14 +51,7 @@ from atom_kernels.mxfp4 import (
     mxfp4_quant_dequant_torch,
     mxfp4_quant_dequant_triton,
 )
-from atom_kernels.quant import (
-    FP8_DTYPE,
-    MIN_AMAX,
-    fp8_dtype_max,
-    per_group_quant_fp8,
-    per_token_quant_fp8,
-    quantize_fp8_groups,
-)
+from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
@@ -66,9 +59,6 @@ from atom_kernels.triton_utils import (
     interpreting,
 )
 from atom_kernels.tuned import all_tuned_configs, tuned_config
-
-# The floor under a group's amax in the GEMMs that quantize their own input (as in atom_kernels.quant).
-_MIN_AMAX = tl.constexpr(MIN_AMAX)
 
 
 @define_op
@@ -446,8 +436,6 @@ def _moe_gemm_kernel(
     HAS_BIAS: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     W8A8: tl.constexpr,
-    QUANT_A: tl.constexpr,
-    FP8_MAX: tl.constexpr,
     MXFP4: tl.constexpr,
     MX_DOT: tl.constexpr,
     MX_REGISTERS: tl.constexpr,
@@ -498,11 +486,9 @@ def _moe_gemm_kernel(
         else:
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if W8A8:
-        # fp8 A and W (or 16-bit A that QUANT_A quantizes per K step). A's scale rows are gathered
-        # like its rows; weight row r has scale row r // SCALE_BLOCK (blocks of SCALE_BLOCK x
-        # SCALE_BLOCK), or r with SCALE_BLOCK 0 (per row).
-        if not QUANT_A:
-            a_scales = a_scale_ptr + a_row_ids * a_scale_stride
+        # fp8 A and W. A's scale rows are gathered like its rows; weight row r has scale row
+        # r // SCALE_BLOCK (blocks of SCALE_BLOCK x SCALE_BLOCK), or r with SCALE_BLOCK 0 (per row).
+        a_scales = a_scale_ptr + a_row_ids * a_scale_stride
         scale_rows = w_rows
         up_scale_rows = w_rows + up_offset
         if SCALE_BLOCK > 0:
@@ -548,13 +534,7 @@ def _moe_gemm_kernel(
             # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
             if SCALE_BLOCK > 0:
                 k_group = k0 // SCALE_BLOCK
-                if QUANT_A:
-                    # 16-bit A quantized here, the step being its group (BLOCK_K == SCALE_BLOCK): as
-                    # quantize_activations would (zeros past K leave a group's amax as it is).
-                    a_q, a_scale = quantize_fp8_groups(a.to(tl.float32), BLOCK_K, FP8_MAX, _MIN_AMAX)
-                    a = a_q.to(w.dtype)
-                else:
-                    a_scale = tl.load(a_scales + k_group)[:, None]
+                a_scale = tl.load(a_scales + k_group)[:, None]
                 acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
             elif W8A8:
                 acc += tl.dot(a, w)
@@ -726,10 +706,8 @@ def launch_moe_gemm(
 ) -> None:
     """One GEMM of the fused MoE. FP8 ``a`` and ``w`` come with their scales: with ``block_size``,
     ``a_scale`` [a rows, K groups] and ``w_scale`` [E, row blocks, K blocks]; with ``block_size`` 0,
-    ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]. Block-FP8 ``w`` with a 16-bit
-    ``a`` and no ``a_scale``: the kernel quantizes ``a`` per K step (:func:`quantizes_a_in_gemm`).
-    MXFP4 ``w`` (``mxfp4``) is packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and
-    ``a`` is not quantized.
+    ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]. MXFP4 ``w`` (``mxfp4``) is
+    packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and ``a`` is not quantized.
 
     ``tiles["SPLIT_K"]`` (default 1) > 1 splits K among that many programs per output tile. Gated,
     their fp32 partials are reduced here into ``out`` (``expert_ids``, the flat top-k ids, find each
@@ -747,11 +725,6 @@ def launch_moe_gemm(
     if block_size:
         # A K step must lie inside one scale block: BLOCK_K (a power of two) clamped to a divisor.
         tiles = {**tiles, "BLOCK_K": math.gcd(tiles["BLOCK_K"], block_size)}
-    w8a8 = w_scale is not None and not mxfp4
-    quant_a = w8a8 and a.dtype != w.dtype
-    if quant_a and not (block_size and a_scale is None and tiles["BLOCK_K"] == block_size):
-        raise ValueError(f"launch_moe_gemm: {a.dtype} activations with fp8 weights need block_size "
-                         f"{block_size} == BLOCK_K {tiles['BLOCK_K']} and no a_scale")
     if mxfp4:
         # A K step covers whole 32-value scale blocks (and each half of the decoding step is a dot
         # of at least 16).
@@ -791,9 +764,7 @@ def launch_moe_gemm(
         ACT=act,
         HAS_BIAS=bias is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
-        W8A8=w8a8,
-        QUANT_A=quant_a,
-        FP8_MAX=fp8_dtype_max(w.dtype) if quant_a else 0.0,
+        W8A8=w_scale is not None and not mxfp4,
         MXFP4=mxfp4,
         MX_DOT=mxfp4 and mx_dot_format(a) is not None,
         MX_REGISTERS=mxfp4 and mx_register_decode(a, w_scale, block_m),
@@ -808,20 +779,6 @@ def launch_moe_gemm(
     if split_k > 1 and gated:
         reduce_gated_partials(out, result, split_k, bias, expert_ids, act, alpha, limit,
                               up_offset, step)
-
-
-# Up to this many tokens a block-FP8 MoE's GEMMs quantize their 16-bit inputs themselves, per K step
-# (quantizes_a_in_gemm). Past it the separate quantization launch costs less than each GEMM program
-# along N repeating its row block's quantization.
-FUSED_A_QUANT_MAX_TOKENS = 256
-
-
-def quantizes_a_in_gemm(num_tokens: int, block_size: int, tiles: dict) -> bool:
-    """Whether a block-FP8 GEMM of the fused MoE quantizes its input per token and K step itself,
-    saving a launch and a pass over the activations: its K step must be the scale block (the step's
-    amax is the group's), and the batch at most FUSED_A_QUANT_MAX_TOKENS tokens."""
-    return (0 < block_size <= tiles["BLOCK_K"] and tiles["BLOCK_K"] % block_size == 0
-            and num_tokens <= FUSED_A_QUANT_MAX_TOKENS)
 
 
 @fused_moe.register("triton")
@@ -979,8 +936,7 @@ def run_fused_moe(
     block_m = config["BLOCK_M"]
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
     fp8 = w13_scale is not None and not mxfp4
-    quant_in_gate_up = fp8 and quantizes_a_in_gemm(num_tokens, block_size, config["gate_up"])
-    a, a_scale = quantize_activations(x, block_size, "triton") if fp8 and not quant_in_gate_up else (x, None)
+    a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
     hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     expert_ids = topk_ids.reshape(-1)
     launch_moe_gemm(
@@ -1008,11 +964,8 @@ def run_fused_moe(
     )
     if round_inputs is not None:
         hidden_states = round_inputs(hidden_states)
-    quant_in_down = fp8 and quantizes_a_in_gemm(num_tokens, block_size, config["down"])
     a, a_scale = (
-        quantize_activations(hidden_states, block_size, "triton")
-        if fp8 and not quant_in_down
-        else (hidden_states, None)
+        quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
     )
     down_split = config["down"].get("SPLIT_K", 1)
     expert_out = torch.empty((num_entries * down_split, hidden),
