@@ -6,9 +6,14 @@ One plain MoE GEMM (sorted row blocks of one expert each, out = x @ W[e]^T) at g
 shape (N 5760, K 2880, 32 experts, top 4):
 
 - ``dot_scaled``: packed bytes and e8m0 scales given to ``tl.dot_scaled``, weights on the right;
-- ``asm2_swapped``: the decoding the fused MoE ships (``atom_kernels.mxfp4.e2m1_pairs_to_bf16``),
-  weights as the MMA's left operand, fed from registers (``asm`` / ``asm_swapped`` in the results:
-  two slower decodings, four bytes a PTX block; their code is in 3e901cf's version of this file);
+- ``registers``: the decoding the fused MoE ships (``atom_kernels.mxfp4.e2m1_pairs_to_bf16``),
+  weights as the MMA's left operand, fed from registers, one MMA per K step (d9df8fc; ``asm2_swapped``
+  in the results: its two-MMA form of 3e901cf; ``asm`` / ``asm_swapped``: two slower decodings, four
+  bytes a PTX block; their code is in 3e901cf's version of this file);
+- ``registers_tiled16`` / ``registers_tiled64``: the same on weights stored tile-major, a question for
+  the load-time layout: each chunk of 16 / 64 rows x 128 values (64 bytes a row) and its scales
+  contiguous, so a program's tile of a K step is whole 1 / 4 KiB runs of memory instead of 64-byte
+  pieces of rows 1440 bytes apart (K padded to a multiple of 128; BLOCK_K 128);
 - ``bf16``: the weights decoded to bf16 in memory (bandwidth and values reference);
 - ``atom_gate_up``: the shipped gated GEMM (``launch_moe_gemm``, clamped SwiGLU, this GPU's table);
 - ``vllm``: vLLM 0.26's MXFP4 MoE GEMM as vLLM lays out and calls it (OpenAI's ``matmul_ogs``),
@@ -50,10 +55,11 @@ BF16 = torch.bfloat16
 
 @triton.jit
 def _moe_gemm(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, num_entries, N, K,
-              w_stride_e, w_stride_n, VARIANT: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              w_stride_e, w_stride_n, VARIANT: tl.constexpr, CHUNK_ROWS: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[entry] = x[entry // 4] @ W[e]^T for the BLOCK_M sorted entries of this row block (one
-    expert e) and BLOCK_N columns. VARIANT: 0 dot_scaled, 1 bf16 weights, 2 asm2_swapped."""
+    expert e) and BLOCK_N columns. VARIANT: 0 dot_scaled, 1 bf16 weights, 2 registers, 3 registers on
+    tile-major weights (CHUNK_ROWS rows a chunk, BLOCK_K 128)."""
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = tl.program_id(0) // num_pid_n
     pid_n = tl.program_id(0) % num_pid_n
@@ -68,7 +74,9 @@ def _moe_gemm(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, nu
     HALF: tl.constexpr = BLOCK_K // 2
     w_base = w_ptr + expert * w_stride_e + w_rows * w_stride_n
     s_base = s_ptr + expert * N * (K // 32) + w_rows * (K // 32)
-    if VARIANT == 2:
+    steps = tl.cdiv(K, 128)  # tile-major: K steps of 128 values a chunk
+    chunk_rows = (w_rows // CHUNK_ROWS) * steps * CHUNK_ROWS + w_rows % CHUNK_ROWS
+    if VARIANT >= 2:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -87,19 +95,26 @@ def _moe_gemm(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, nu
             w = tl.load(w_base[None, :] + ks[:, None], mask=(ks < K)[:, None], other=0.0)
             acc = tl.dot(a, w, acc)
         else:
-            a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, HALF, 2]))
-            packed = tl.load(w_base[:, None] + pairs[None, :], mask=pair_ok[None, :], other=0)
+            a = tl.reshape(tl.permute(tl.reshape(a, [BLOCK_M, HALF, 2]), [0, 2, 1]), [BLOCK_M, BLOCK_K])
             groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            codes = tl.load(s_base[:, None] + groups[None, :], mask=(groups < K // 32)[None, :],
-                            other=127)
+            if VARIANT == 2:
+                packed = tl.load(w_base[:, None] + pairs[None, :], mask=pair_ok[None, :], other=0)
+                codes = tl.load(s_base[:, None] + groups[None, :], mask=(groups < K // 32)[None, :],
+                                other=127)
+            else:
+                rows = chunk_rows + (k0 // 128) * CHUNK_ROWS  # this step's chunk, row by row
+                packed = tl.load(w_ptr + expert * w_stride_e + rows[:, None] * HALF
+                                 + tl.arange(0, HALF)[None, :])
+                codes = tl.load(s_ptr + expert * N * steps * 4 + rows[:, None] * (BLOCK_K // 32)
+                                + tl.arange(0, BLOCK_K // 32)[None, :])
             factors = e8m0_to_decode_factor(codes)
             factors = tl.reshape(tl.broadcast_to(factors[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]),
                                  [BLOCK_N, HALF])
             lo, hi = e2m1_pairs_to_bf16(packed, factors)
-            acc = tl.dot(lo, tl.trans(a_even), acc)
-            acc = tl.dot(hi, tl.trans(a_odd), acc)
+            w_tile = tl.reshape(tl.permute(tl.join(lo, hi), [0, 2, 1]), [BLOCK_N, BLOCK_K])
+            acc = tl.dot(w_tile, tl.trans(a), acc)
     out_rows = entries.to(tl.int64)
-    if VARIANT == 2:
+    if VARIANT >= 2:
         acc = acc * REGISTER_DECODE_RESCALE
         mask = (cols < N)[:, None] & row_valid[None, :]
         tl.store(out_ptr + out_rows[None, :] * N + cols[:, None], acc.to(tl.bfloat16), mask=mask)
@@ -108,13 +123,29 @@ def _moe_gemm(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, nu
         tl.store(out_ptr + out_rows[:, None] * N + cols[None, :], acc.to(tl.bfloat16), mask=mask)
 
 
-VARIANTS = {"dot_scaled": 0, "bf16": 1, "asm2_swapped": 2}
+VARIANTS = {"dot_scaled": 0, "bf16": 1, "registers": 2, "registers_tiled16": 3, "registers_tiled64": 3}
+CHUNK_ROWS = {"registers_tiled16": 16, "registers_tiled64": 64}
+
+
+def tile_major(w: torch.Tensor, s: torch.Tensor, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed weights [E, N, K / 2] and scales [E, N, K / 32] rearranged into chunks of
+    ``chunk_rows`` rows x 128 values, each chunk's bytes (then its scales) contiguous, the chunks of a
+    row block in K order: [E, N / chunk_rows, steps, chunk_rows, 64] and [..., 4] (K padded to whole
+    steps with zero bytes and scale code 127)."""
+    steps = triton.cdiv(K, 128)
+    experts, rows = w.shape[:2]
+    w = torch.cat([w, w.new_zeros(experts, rows, steps * 64 - w.shape[2])], dim=2)
+    s = torch.cat([s, s.new_full((experts, rows, steps * 4 - s.shape[2]), 127)], dim=2)
+    split = (experts, rows // chunk_rows, chunk_rows, steps)
+    return (w.view(*split, 64).permute(0, 1, 3, 2, 4).contiguous(),
+            s.view(*split, 4).permute(0, 1, 3, 2, 4).contiguous())
 
 
 def run_gemm(variant, x, w, s, out, sorted_ids, block_expert, num_entries, block_m, tiles):
     grid = (block_expert.shape[0] * triton.cdiv(N, tiles["BLOCK_N"]),)
     _moe_gemm[grid](x, w, s, out, sorted_ids, block_expert, num_entries, N, K, w.stride(0),
-                    w.stride(1), VARIANT=VARIANTS[variant], BLOCK_M=block_m, **tiles)
+                    w.stride(1), VARIANT=VARIANTS[variant], CHUNK_ROWS=CHUNK_ROWS.get(variant, 16),
+                    BLOCK_M=block_m, **tiles)
 
 
 def vllm_gemm(x, w, s, ids):
@@ -201,12 +232,14 @@ def main(out_path: str, variants: list[str]) -> None:
         if "vllm" in variants:
             time_library(case, "vllm", lambda: vllm_gemm(x, w, s, ids), gbytes)
         for variant in [v for v in VARIANTS if v in variants]:
-            weights = w_bf if variant == "bf16" else w
+            weights, scales = (w_bf, s) if variant == "bf16" else (w, s)
+            if variant in CHUNK_ROWS:
+                weights, scales = tile_major(w, s, CHUNK_ROWS[variant])
             timed = []
-            for tiles in tile_grid:
+            for tiles in [t for t in tile_grid if variant not in CHUNK_ROWS or t["BLOCK_K"] == 128]:
                 out = torch.zeros(entries, N, device="cuda", dtype=BF16)
-                fn = lambda t=tiles, o=out: run_gemm(variant, x, weights, s, o, sorted_ids,  # noqa: E731
-                                                     block_expert, entries, block_m, t)
+                fn = lambda t=tiles, o=out: run_gemm(variant, x, weights, scales, o,  # noqa: E731
+                                                     sorted_ids, block_expert, entries, block_m, t)
                 try:
                     fn()
                     torch.cuda.synchronize()
