@@ -12,7 +12,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape.
@@ -97,6 +97,16 @@ for step in $steps; do
                      mkdir -p "$out/serving-$model"; ATOM_SERVE_MXFP4=1 python3 "$here/e2e/bench_serving.py" --out "$out/serving-$model/serving-$model.json" \
                        --model $model --concurrencies 1,16,64
                    done ;;
+    # The same sweep on a random gpt-oss-20b MXFP4 checkpoint, whose scale codes let ATOM's GEMMs decode
+    # in registers.
+    mxfp4-checkpoint-serving) tmp=$(mktemp -d)
+                              python3 "$here/e2e/random_mxfp4_checkpoint.py" --config "$here/models/gpt-oss-20b-mxfp4.json" \
+                                --out "$tmp/gpt-oss-20b-mxfp4"
+                              mkdir -p "$out/serving-mxfp4-checkpoint"
+                              ATOM_SERVE_MXFP4=1 python3 "$here/e2e/bench_serving.py" --model gpt-oss-20b-mxfp4 \
+                                --checkpoint "$tmp/gpt-oss-20b-mxfp4" --concurrencies 1,16,64 \
+                                --out "$out/serving-mxfp4-checkpoint/serving-gpt-oss-20b-mxfp4.json"
+                              rm -rf "$tmp" ;;
     # As mla-offline, on N(0, 0.02) weights: dummy weights route a MoE onto a few experts, differently in
     # each engine.
     # MLA_CHECKPOINT_MODELS picks the shapes (each checkpoint is about 31 GB on disk, one at a time).

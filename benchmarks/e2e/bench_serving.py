@@ -11,7 +11,7 @@ then the ATOM server, each on dummy weights of benchmarks/models/MODEL.json (or 
 with the engine's defaults (vLLM: torch.compile + CUDA graphs; SGLang: CUDA graphs, radix cache,
 chunked prefill); ``--random-weights`` writes a random N(0, 0.02) checkpoint of the shape first
 (random_checkpoint.py: dummy weights collapse MoE routing) and serves that; ``--checkpoint DIR`` serves
-one random_checkpoint.py wrote before (several runs on one checkpoint).
+one written before (random_checkpoint.py or random_mxfp4_checkpoint.py; several runs on one checkpoint).
 For each concurrency the benchmark sends 4 x concurrency random requests (at least 16; 1024 input /
 128 output tokens, EOS ignored). Before them, an untimed warm-up burst at the highest concurrency
 (WARM_UP_OUTPUT_LEN output tokens a request) runs every batch size up to it once, so kernels an
@@ -391,7 +391,7 @@ def main() -> None:
     parser.add_argument("--concurrencies", default="1,8,32,128")
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument("--random-weights", action="store_true", help="serve a random checkpoint, not dummy weights")
-    weights.add_argument("--checkpoint", help="serve this random_checkpoint.py output (of the --model shape)")
+    weights.add_argument("--checkpoint", help="serve this random checkpoint (of the --model shape)")
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--prefix-len", type=int, default=0,
                         help="vLLM: tokens of a prompt prefix that all requests of a burst share, before --input-len")
@@ -433,7 +433,8 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = {"device": device, "engine": args.engine, args.engine: importlib.import_module(engine.package).__version__,
               "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "model": name,
-              "weights": "random N(0, 0.02) checkpoint" if args.random_weights or args.checkpoint else "dummy",
+              "weights": ("random N(0, 0.02) checkpoint" if args.random_weights else
+                          "random checkpoint, written before the run" if args.checkpoint else "dummy"),
               "workload": (("" if not workload.prefix_len else f"a {workload.prefix_len}-token prefix shared by "
                             "each burst's requests, then ") +
                            f"random {workload.input_len} in / {workload.output_len} out, EOS ignored, "
