@@ -92,6 +92,17 @@ def fp8_block_scaled_mm_torch(
     return (a_deq @ b_deq.t()).to(out_dtype)
 
 
+@triton.jit
+def _step_scales(a_scales, b_scales, row_valid, col_valid, k0, K, SCALE_BLOCK: tl.constexpr):
+    """The block scales of the K step at ``k0`` (of A's rows and B's columns, from the pointers of
+    their group 0). The GEMM loads them a step ahead of their use: a load in the step that used them
+    stalled every step for a round trip to memory (the compiler pipelines the operand tiles, not these
+    small loads). Past K the last group is read again (in bounds, unused)."""
+    k_group = tl.minimum(k0, K - 1) // SCALE_BLOCK
+    return (tl.load(a_scales + k_group, mask=row_valid, other=0.0),
+            tl.load(b_scales + k_group, mask=col_valid, other=0.0))
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(
     a_ptr,
@@ -132,20 +143,21 @@ def _fp8_gemm_kernel(
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
     b_cols = b_ptr + cols.to(tl.int64)[None, :] * b_stride
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if BLOCK_SCALED:
+        a_scales = a_scale_ptr + rows * a_scale_stride
+        b_scales = b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride
+        sa, sb = _step_scales(a_scales, b_scales, row_valid, col_valid, 0, K, SCALE_BLOCK)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & (ks < K)[None, :], other=0.0)
         b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & col_valid[None, :], other=0.0)
         if BLOCK_SCALED:
-            # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group.
-            k_group = k0 // SCALE_BLOCK
-            sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group, mask=row_valid, other=0.0)
-            sb = tl.load(
-                b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride + k_group,
-                mask=col_valid,
-                other=0.0,
-            )
+            # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group; its scales were
+            # loaded a step ahead (_step_scales).
+            next_sa, next_sb = _step_scales(a_scales, b_scales, row_valid, col_valid, k0 + BLOCK_K, K,
+                                            SCALE_BLOCK)
             acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+            sa, sb = next_sa, next_sb
         else:
             # A fresh dot per K step, added in fp32: Hopper's fp8 MMA accumulates with fewer bits than
             # fp32, so long K runs are promoted every BLOCK_K (as DeepGEMM does).

@@ -344,6 +344,7 @@ def _mxfp4_step(
     a_rows,
     w_cols,
     w_scales,
+    codes,
     k0,
     K,
     BLOCK_K: tl.constexpr,
@@ -354,20 +355,18 @@ def _mxfp4_step(
     """``acc`` + the K step at ``k0`` of A @ W^T with MXFP4 W. ``a_rows`` [BLOCK_M, 1] and ``w_cols``
     / ``w_scales`` [1, BLOCK_N] point at the rows of A, of W's bytes and of W's scales.
 
-    With ``MX_DOT`` the compiler's microscaled dot takes the packed bytes and e8m0 scales as they are
-    stored (it upcasts them to A's format itself); Triton's interpreter lacks it, and fp32 A is not
-    one of its formats, so there the step decodes the weight tile explicitly: A's even columns meet
-    the low nibbles, its odd columns the high ones."""
+    With ``MX_DOT`` the compiler's microscaled dot takes the packed bytes and the step's e8m0 scale
+    ``codes`` (:func:`_mxfp4_scale_codes`) as they are stored (it upcasts them to A's format itself);
+    Triton's interpreter lacks it, and fp32 A is not one of its formats, so there the step decodes
+    the weight tile explicitly (``codes`` None, the scales read through ``w_scales``): A's even
+    columns meet the low nibbles, its odd columns the high ones."""
     pairs = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds values 2j and 2j + 1
     valid = pairs < K // 2
     packed = tl.load(w_cols + pairs[:, None], mask=valid[:, None], other=0)
     if MX_DOT:
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
-        groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        scale_codes = tl.load(tl.trans(w_scales) + groups[None, :],
-                              mask=(groups < K // 32)[None, :], other=0)
-        return tl.dot_scaled(a, None, A_FORMAT, packed, scale_codes, "e2m1", acc, fast_math=True)
+        return tl.dot_scaled(a, None, A_FORMAT, packed, codes, "e2m1", acc, fast_math=True)
     a_even = tl.load(a_rows + 2 * pairs[None, :], mask=valid[None, :], other=0.0)
     a_odd = tl.load(a_rows + 2 * pairs[None, :] + 1, mask=valid[None, :], other=0.0)
     # 16 bytes (32 values) per scale.
@@ -380,13 +379,41 @@ def _mxfp4_step(
 
 
 @triton.jit
-def _mxfp4_step_registers(acc_t, a_rows, w_rows, w_scales, k0, K, BLOCK_M: tl.constexpr,
+def _fp8_block_scales(a_scales, w_scales, up_scales, k0, K, SCALE_BLOCK: tl.constexpr, GATED: tl.constexpr):
+    """The block-FP8 scales of the K step at ``k0``: A's rows' [BLOCK_M, 1], W's columns' [1, BLOCK_N]
+    and (GATED) the up columns' (else W's again), from the pointers ``a_scales`` [BLOCK_M] and
+    ``w_scales`` / ``up_scales`` [BLOCK_N] of group 0. The GEMM loads them a step ahead of their use,
+    as it does MXFP4 scale codes (:func:`_mxfp4_scale_codes`): a load in the step that used them
+    stalled every step for a round trip to memory. Past K the last group is read again (in bounds,
+    unused)."""
+    k_group = tl.minimum(k0, K - 1) // SCALE_BLOCK
+    w_scale = tl.load(w_scales + k_group)[None, :]
+    up_scale = w_scale
+    if GATED:
+        up_scale = tl.load(up_scales + k_group)[None, :]
+    return tl.load(a_scales + k_group)[:, None], w_scale, up_scale
+
+
+@triton.jit
+def _mxfp4_scale_codes(w_scales, k0, K, BLOCK_K: tl.constexpr):
+    """The uint8 e8m0 scale codes of the K step at ``k0``, [BLOCK_N, BLOCK_K / 32], of W's rows whose
+    scales ``w_scales`` [1, BLOCK_N] point at (127, a factor of 1, past K). The GEMMs load them a step
+    ahead of their use: too few bytes a row, and rows too unevenly aligned, for the compiler to pipeline
+    them through shared memory as it does the weights, so a load in the step that used them stalled
+    every step for a round trip to memory."""
+    groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    return tl.load(tl.trans(w_scales) + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
+
+
+@triton.jit
+def _mxfp4_step_registers(acc_t, a_rows, w_rows, codes, k0, K, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``acc_t`` + the K step at ``k0`` of (A @ W^T)^T with MXFP4 W, decoded in registers: the weight
     tile is the MMA's left operand (its BLOCK_N rows the wide side, the BLOCK_M tokens the narrow
     one), so the decoded values feed the MMA from registers. One MMA per step: the tile's K columns
     in the order [low nibbles | high nibbles] (W's even columns, then its odd ones), and A's columns
-    permuted to match. ``w_rows`` / ``w_scales`` [BLOCK_N, 1] point at W's bytes and scales.
+    permuted to match. ``w_rows`` [BLOCK_N, 1] point at W's bytes; ``codes`` are the step's e8m0 scales
+    (:func:`_mxfp4_scale_codes`).
     The result is 1 / REGISTER_DECODE_RESCALE times the true one (:func:`e8m0_to_decode_factor`)."""
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 32
@@ -395,8 +422,6 @@ def _mxfp4_step_registers(acc_t, a_rows, w_rows, w_scales, k0, K, BLOCK_M: tl.co
     a = tl.reshape(tl.permute(tl.reshape(a, [BLOCK_M, HALF, 2]), [0, 2, 1]), [BLOCK_M, BLOCK_K])
     pairs = k0 // 2 + tl.arange(0, HALF)  # byte j holds values 2j and 2j + 1
     packed = tl.load(w_rows + pairs[None, :], mask=(pairs < K // 2)[None, :], other=0)
-    groups = k0 // 32 + tl.arange(0, GROUPS)
-    codes = tl.load(w_scales + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
     factors = tl.broadcast_to(e8m0_to_decode_factor(codes)[:, :, None], [BLOCK_N, GROUPS, 16])
     low, high = e2m1_pairs_to_bf16(packed, tl.reshape(factors, [BLOCK_N, HALF]))
     w = tl.reshape(tl.permute(tl.join(low, high), [0, 2, 1]), [BLOCK_N, BLOCK_K])
@@ -509,18 +534,33 @@ def _moe_gemm_kernel(
         steps = tl.cdiv(tl.cdiv(K, BLOCK_K), split_k)
         k_begin = split * steps * BLOCK_K
         k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
+    if W8A8 and SCALE_BLOCK > 0:
+        a_scale, w_scale, up_scale = _fp8_block_scales(a_scales, w_scales, up_scales, k_begin, K,
+                                                       SCALE_BLOCK, GATED)
+    if MX_DOT or MX_REGISTERS:
+        codes = _mxfp4_scale_codes(w_scales, k_begin, K, BLOCK_K)
+        if GATED:
+            up_codes = _mxfp4_scale_codes(up_scales, k_begin, K, BLOCK_K)
+    else:  # explicit decoding reads the scales itself
+        codes = None
+        up_codes = None
     for k0 in range(k_begin, k_end, BLOCK_K):
+        if MX_DOT or MX_REGISTERS:
+            # The next step's scale codes, loaded a step ahead (_mxfp4_scale_codes).
+            next_codes = _mxfp4_scale_codes(w_scales, k0 + BLOCK_K, K, BLOCK_K)
+            if GATED:
+                next_up_codes = _mxfp4_scale_codes(up_scales, k0 + BLOCK_K, K, BLOCK_K)
         if MX_REGISTERS:
-            acc = _mxfp4_step_registers(acc, a_rows, tl.trans(w_cols), tl.trans(w_scales), k0, K,
+            acc = _mxfp4_step_registers(acc, a_rows, tl.trans(w_cols), codes, k0, K,
                                         BLOCK_M, BLOCK_N, BLOCK_K)
             if GATED:
-                acc_up = _mxfp4_step_registers(acc_up, a_rows, tl.trans(up_cols), tl.trans(up_scales),
+                acc_up = _mxfp4_step_registers(acc_up, a_rows, tl.trans(up_cols), up_codes,
                                                k0, K, BLOCK_M, BLOCK_N, BLOCK_K)
         elif MXFP4:
-            acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, k0, K, BLOCK_K, DOT_PRECISION,
+            acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, codes, k0, K, BLOCK_K, DOT_PRECISION,
                               MX_DOT, A_FORMAT)
             if GATED:
-                acc_up = _mxfp4_step(acc_up, a_rows, up_cols, up_scales, k0, K, BLOCK_K,
+                acc_up = _mxfp4_step(acc_up, a_rows, up_cols, up_scales, up_codes, k0, K, BLOCK_K,
                                      DOT_PRECISION, MX_DOT, A_FORMAT)
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
@@ -531,11 +571,12 @@ def _moe_gemm_kernel(
                 a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
                 w = tl.load(w_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
             # fp8: a fresh dot per K step, added in fp32 (Hopper's fp8 MMA accumulates with fewer bits
-            # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
+            # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group,
+            # whose scales were loaded a step ahead (_fp8_block_scales).
             if SCALE_BLOCK > 0:
-                k_group = k0 // SCALE_BLOCK
-                a_scale = tl.load(a_scales + k_group)[:, None]
-                acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
+                next_a_scale, next_w_scale, next_up_scale = _fp8_block_scales(
+                    a_scales, w_scales, up_scales, k0 + BLOCK_K, K, SCALE_BLOCK, GATED)
+                acc += tl.dot(a, w) * (a_scale * w_scale)
             elif W8A8:
                 acc += tl.dot(a, w)
             else:
@@ -546,11 +587,17 @@ def _moe_gemm_kernel(
                 else:
                     w_up = tl.load(up_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
                 if SCALE_BLOCK > 0:
-                    acc_up += tl.dot(a, w_up) * (a_scale * tl.load(up_scales + k_group)[None, :])
+                    acc_up += tl.dot(a, w_up) * (a_scale * up_scale)
                 elif W8A8:
                     acc_up += tl.dot(a, w_up)
                 else:
                     acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
+        if MX_DOT or MX_REGISTERS:
+            codes = next_codes
+            if GATED:
+                up_codes = next_up_codes
+        if W8A8 and SCALE_BLOCK > 0:
+            a_scale, w_scale, up_scale = next_a_scale, next_w_scale, next_up_scale
 
     if MX_REGISTERS:
         acc = tl.trans(acc) * REGISTER_DECODE_RESCALE
