@@ -10,7 +10,7 @@ Rows, bf16 activations:
   (``state_slots``), against vLLM's ``fused_recurrent_gated_delta_rule`` on its own cache layout;
 - ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
 With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
-form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, INVERSE_PRECISION_NVIDIA; the whole op with w and u
+form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, STATE_STAGES, INVERSE_PRECISION_NVIDIA; the whole op with w and u
 in fp32, WU_16BIT off; all in atom_kernels.gated_delta) and of
 the conv prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS in atom_kernels.short_conv); the
 prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
@@ -43,13 +43,14 @@ DECODE_BATCHES = (1, 64, 256)
 # Each launch's settings, swept one launch at a time.
 PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
     {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")]
-STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)]
+STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)] + [
+    {"STATE_STAGES": n} for n in (2, 3)]
 # Options that change both launches: the whole op.
 WHOLE_OP_SWEEP = [{"WU_16BIT": False}]
 CONV_SWEEP = [{"PREFILL_BLOCK_T": t, "PREFILL_BLOCK_C": c, "PREFILL_WARPS": w}
               for t in (32, 64, 128) for c in (64, 128, 256) for w in (4, 8)]
-SETTINGS = {gated_delta: ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "INVERSE_PRECISION_NVIDIA",
-                          "WU_16BIT"),
+SETTINGS = {gated_delta: ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "STATE_STAGES",
+                          "INVERSE_PRECISION_NVIDIA", "WU_16BIT"),
             short_conv: ("PREFILL_BLOCK_T", "PREFILL_BLOCK_C", "PREFILL_WARPS")}
 
 

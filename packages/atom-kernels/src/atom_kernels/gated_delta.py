@@ -36,12 +36,15 @@ from atom_kernels.triton_utils import (
 L2NORM_EPS = tl.constexpr(1e-6)
 CHUNK_SIZE = 64
 # Launch settings of the chunked form's two kernels (benchmarks/kernels/bench_gated_delta.py sweeps
-# them). One pipeline stage: more stages put the [CHUNK, K] fp32 tiles of the state pass past Hopper's
-# 227 KiB of shared memory (312 KiB asked at K = V = 128).
+# them). The state pass's loop over chunks in one pipeline stage: its loads are not overlapped with
+# the chunk before. Built for sm90 at K = V = 128 it asks 112 KiB of shared memory with one stage,
+# 168.5 KiB with two and 224.8 KiB with three (w and u in 16 bits; in fp32: 224.5 and 304.75 KiB,
+# the last past Hopper's 227 KiB); more stages are not yet measured. The prepare kernel takes one chunk a
+# program: nothing to pipeline.
 PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
-NUM_STAGES = 1
+STATE_STAGES = 1
 # w and u between the two launches in the activations' 16-bit type, as FLA keeps them, instead of fp32:
 # half their memory traffic (each 268 MB per Qwen3-Next layer of 16k tokens in fp32). On the H200 at
 # cf4c7d6 the whole op took 2.02 ms against 2.20 in fp32 for 16 x 1024 tokens, level for 2 x 8192
@@ -523,7 +526,7 @@ def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torc
         HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
         BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=max(next_pow2(head_v_dim), 16),
         DOT_PRECISION=_dot_precision(k), INVERSE_PRECISION=_inverse_precision(k),
-        num_warps=PREPARE_WARPS, num_stages=NUM_STAGES,
+        num_warps=PREPARE_WARPS, num_stages=1,
     )
     return w, u
 
@@ -541,7 +544,7 @@ def state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2nor
         *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
         out.stride(0), state.stride(0), head_k_dim**-0.5, HEAD_K=head_k_dim, HEAD_V=head_v_dim,
         USE_QK_L2NORM=use_qk_l2norm, HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k,
-        BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), num_warps=STATE_WARPS, num_stages=NUM_STAGES,
+        BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), num_warps=STATE_WARPS, num_stages=STATE_STAGES,
     )
     return out
 
