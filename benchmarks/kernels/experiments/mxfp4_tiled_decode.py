@@ -7,7 +7,8 @@ shape (N 5760, K 2880, 32 experts, top 4):
 
 - ``dot_scaled``: packed bytes and e8m0 scales given to ``tl.dot_scaled``, weights on the right;
 - ``registers``: the decoding the fused MoE ships (``atom_kernels.mxfp4.e2m1_pairs_to_bf16``),
-  weights as the MMA's left operand, fed from registers, one MMA per K step (d9df8fc; ``asm2_swapped``
+  weights as the MMA's left operand, fed from registers, one MMA per K step, each step's bytes and
+  codes loaded during the step before (as in d9df8fc and dbf212a's fused MoE; ``asm2_swapped``
   in the results: its two-MMA form of 3e901cf; ``asm`` / ``asm_swapped``: two slower decodings, four
   bytes a PTX block; their code is in 3e901cf's version of this file);
 - ``registers_tiled16`` / ``registers_tiled64``: the same on weights stored tile-major, a question for
@@ -54,6 +55,25 @@ BF16 = torch.bfloat16
 
 
 @triton.jit
+def _register_tile(w_ptr, s_ptr, w_base, s_base, chunk_rows, expert, w_stride_e, N, K, k0, steps,
+                   VARIANT: tl.constexpr, CHUNK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The packed bytes [BLOCK_N, BLOCK_K / 2] and scale codes [BLOCK_N, BLOCK_K / 32] of the K step at
+    ``k0``: rows as stored (VARIANT 2, masked past K) or tile-major (3: past K the last step again)."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    if VARIANT == 2:
+        pairs = k0 // 2 + tl.arange(0, HALF)
+        groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        packed = tl.load(w_base[:, None] + pairs[None, :], mask=(pairs < K // 2)[None, :], other=0)
+        codes = tl.load(s_base[:, None] + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
+    else:
+        rows = chunk_rows + tl.minimum(k0 // 128, steps - 1) * CHUNK_ROWS  # the step's chunk, by row
+        packed = tl.load(w_ptr + expert * w_stride_e + rows[:, None] * HALF + tl.arange(0, HALF)[None, :])
+        codes = tl.load(s_ptr + expert * N * steps * 4 + rows[:, None] * (BLOCK_K // 32)
+                        + tl.arange(0, BLOCK_K // 32)[None, :])
+    return packed, codes
+
+
+@triton.jit
 def _moe_gemm(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, num_entries, N, K,
               w_stride_e, w_stride_n, VARIANT: tl.constexpr, CHUNK_ROWS: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -78,6 +98,8 @@ def _moe_gemm(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, nu
     chunk_rows = (w_rows // CHUNK_ROWS) * steps * CHUNK_ROWS + w_rows % CHUNK_ROWS
     if VARIANT >= 2:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        packed, codes = _register_tile(w_ptr, s_ptr, w_base, s_base, chunk_rows, expert, w_stride_e, N,
+                                       K, 0, steps, VARIANT, CHUNK_ROWS, BLOCK_K)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -96,23 +118,18 @@ def _moe_gemm(x_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, nu
             acc = tl.dot(a, w, acc)
         else:
             a = tl.reshape(tl.permute(tl.reshape(a, [BLOCK_M, HALF, 2]), [0, 2, 1]), [BLOCK_M, BLOCK_K])
-            groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            if VARIANT == 2:
-                packed = tl.load(w_base[:, None] + pairs[None, :], mask=pair_ok[None, :], other=0)
-                codes = tl.load(s_base[:, None] + groups[None, :], mask=(groups < K // 32)[None, :],
-                                other=127)
-            else:
-                rows = chunk_rows + (k0 // 128) * CHUNK_ROWS  # this step's chunk, row by row
-                packed = tl.load(w_ptr + expert * w_stride_e + rows[:, None] * HALF
-                                 + tl.arange(0, HALF)[None, :])
-                codes = tl.load(s_ptr + expert * N * steps * 4 + rows[:, None] * (BLOCK_K // 32)
-                                + tl.arange(0, BLOCK_K // 32)[None, :])
+            # The next step's bytes and codes a step ahead (this kernel's loads are not pipelined by
+            # the compiler; the fused MoE's codes are loaded so since dbf212a).
+            next_packed, next_codes = _register_tile(w_ptr, s_ptr, w_base, s_base, chunk_rows, expert,
+                                                     w_stride_e, N, K, k0 + BLOCK_K, steps, VARIANT,
+                                                     CHUNK_ROWS, BLOCK_K)
             factors = e8m0_to_decode_factor(codes)
             factors = tl.reshape(tl.broadcast_to(factors[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]),
                                  [BLOCK_N, HALF])
             lo, hi = e2m1_pairs_to_bf16(packed, factors)
             w_tile = tl.reshape(tl.permute(tl.join(lo, hi), [0, 2, 1]), [BLOCK_N, BLOCK_K])
             acc = tl.dot(w_tile, tl.trans(a), acc)
+            packed, codes = next_packed, next_codes
     out_rows = entries.to(tl.int64)
     if VARIANT >= 2:
         acc = acc * REGISTER_DECODE_RESCALE
