@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device
+from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, load_step_scales
 
 
 @define_op
@@ -92,17 +92,6 @@ def fp8_block_scaled_mm_torch(
     return (a_deq @ b_deq.t()).to(out_dtype)
 
 
-@triton.jit
-def _step_scales(a_scales, b_scales, row_valid, col_valid, k0, K, SCALE_BLOCK: tl.constexpr):
-    """The block scales of the K step at ``k0`` (of A's rows and B's columns, from the pointers of
-    their group 0). The GEMM loads them a step ahead of their use: a load in the step that used them
-    stalled every step for a round trip to memory (the compiler pipelines the operand tiles, not these
-    small loads). Past K the last group is read again (in bounds, unused)."""
-    k_group = tl.minimum(k0, K - 1) // SCALE_BLOCK
-    return (tl.load(a_scales + k_group, mask=row_valid, other=0.0),
-            tl.load(b_scales + k_group, mask=col_valid, other=0.0))
-
-
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(
     a_ptr,
@@ -146,16 +135,17 @@ def _fp8_gemm_kernel(
     if BLOCK_SCALED:
         a_scales = a_scale_ptr + rows * a_scale_stride
         b_scales = b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride
-        sa, sb = _step_scales(a_scales, b_scales, row_valid, col_valid, 0, K, SCALE_BLOCK)
+        sa = load_step_scales(a_scales, row_valid, 0, K, SCALE_BLOCK)
+        sb = load_step_scales(b_scales, col_valid, 0, K, SCALE_BLOCK)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & (ks < K)[None, :], other=0.0)
         b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & col_valid[None, :], other=0.0)
         if BLOCK_SCALED:
             # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group; its scales were
-            # loaded a step ahead (_step_scales).
-            next_sa, next_sb = _step_scales(a_scales, b_scales, row_valid, col_valid, k0 + BLOCK_K, K,
-                                            SCALE_BLOCK)
+            # loaded a step ahead (load_step_scales).
+            next_sa = load_step_scales(a_scales, row_valid, k0 + BLOCK_K, K, SCALE_BLOCK)
+            next_sb = load_step_scales(b_scales, col_valid, k0 + BLOCK_K, K, SCALE_BLOCK)
             acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
             sa, sb = next_sa, next_sb
         else:

@@ -57,6 +57,7 @@ from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
     dot_precision,
     interpreting,
+    load_step_scales,
 )
 from atom_kernels.tuned import all_tuned_configs, tuned_config
 
@@ -379,28 +380,24 @@ def _mxfp4_step(
 
 
 @triton.jit
-def _fp8_block_scales(a_scales, w_scales, up_scales, k0, K, SCALE_BLOCK: tl.constexpr, GATED: tl.constexpr):
-    """The block-FP8 scales of the K step at ``k0``: A's rows' [BLOCK_M, 1], W's columns' [1, BLOCK_N]
-    and (GATED) the up columns' (else W's again), from the pointers ``a_scales`` [BLOCK_M] and
-    ``w_scales`` / ``up_scales`` [BLOCK_N] of group 0. The GEMM loads them a step ahead of their use,
-    as it does MXFP4 scale codes (:func:`_mxfp4_scale_codes`): a load in the step that used them
-    stalled every step for a round trip to memory. Past K the last group is read again (in bounds,
-    unused)."""
-    k_group = tl.minimum(k0, K - 1) // SCALE_BLOCK
-    w_scale = tl.load(w_scales + k_group)[None, :]
+def _fp8_block_scales(a_scales, w_scales, up_scales, row_valid, col_valid, k0, K, SCALE_BLOCK: tl.constexpr,
+                      GATED: tl.constexpr):
+    """The block-FP8 scales of the K step at ``k0`` (load_step_scales): A's rows' [BLOCK_M, 1], W's
+    columns' [1, BLOCK_N] and (GATED) the up columns' (else W's again); 0 for rows and columns that
+    are not stored."""
+    w_scale = load_step_scales(w_scales, col_valid, k0, K, SCALE_BLOCK)[None, :]
     up_scale = w_scale
     if GATED:
-        up_scale = tl.load(up_scales + k_group)[None, :]
-    return tl.load(a_scales + k_group)[:, None], w_scale, up_scale
+        up_scale = load_step_scales(up_scales, col_valid, k0, K, SCALE_BLOCK)[None, :]
+    return load_step_scales(a_scales, row_valid, k0, K, SCALE_BLOCK)[:, None], w_scale, up_scale
 
 
 @triton.jit
 def _mxfp4_scale_codes(w_scales, k0, K, BLOCK_K: tl.constexpr):
     """The uint8 e8m0 scale codes of the K step at ``k0``, [BLOCK_N, BLOCK_K / 32], of W's rows whose
     scales ``w_scales`` [1, BLOCK_N] point at (127, a factor of 1, past K). The GEMMs load them a step
-    ahead of their use: too few bytes a row, and rows too unevenly aligned, for the compiler to pipeline
-    them through shared memory as it does the weights, so a load in the step that used them stalled
-    every step for a round trip to memory."""
+    ahead of their use, as block scales are (:func:`atom_kernels.triton_utils.load_step_scales`): too
+    few bytes a row, and rows too unevenly aligned, for the compiler to pipeline them."""
     groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     return tl.load(tl.trans(w_scales) + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
 
@@ -535,8 +532,8 @@ def _moe_gemm_kernel(
         k_begin = split * steps * BLOCK_K
         k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
     if W8A8 and SCALE_BLOCK > 0:
-        a_scale, w_scale, up_scale = _fp8_block_scales(a_scales, w_scales, up_scales, k_begin, K,
-                                                       SCALE_BLOCK, GATED)
+        a_scale, w_scale, up_scale = _fp8_block_scales(a_scales, w_scales, up_scales, row_valid, col_valid,
+                                                       k_begin, K, SCALE_BLOCK, GATED)
     if MX_DOT or MX_REGISTERS:
         codes = _mxfp4_scale_codes(w_scales, k_begin, K, BLOCK_K)
         if GATED:
@@ -575,7 +572,7 @@ def _moe_gemm_kernel(
             # whose scales were loaded a step ahead (_fp8_block_scales).
             if SCALE_BLOCK > 0:
                 next_a_scale, next_w_scale, next_up_scale = _fp8_block_scales(
-                    a_scales, w_scales, up_scales, k0 + BLOCK_K, K, SCALE_BLOCK, GATED)
+                    a_scales, w_scales, up_scales, row_valid, col_valid, k0 + BLOCK_K, K, SCALE_BLOCK, GATED)
                 acc += tl.dot(a, w) * (a_scale * w_scale)
             elif W8A8:
                 acc += tl.dot(a, w)
