@@ -35,6 +35,7 @@ WEIGHTS_GIB = re.compile(r"Model loading took ([0-9.]+) GiB")
 # vLLM 0.26's choice of linear and MoE kernels for quantized layers: "Selected %s for %s"
 # (model_executor/kernels/linear) and "Using %s Fp8 MoE backend ..." (fused_moe/oracle/fp8.py).
 KERNEL_CHOICE = re.compile(r"Selected \w+ for \w+|Using \w+ Fp8 MoE backend")
+BACKEND_REPORT = re.compile(r"atom kernels: (.*?)$")
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,28 @@ def run_engine(config: str, atom: bool, out: str, extra: list[str], engine: str 
 
 def atom_log_lines(lines: list[str], limit: int) -> list[str]:
     """ATOM's own log lines of a run, at most ``limit``: without the plugin's "Register model" lines
-    (every architecture ATOM registers, the same in every run), the home directory (ATOM's compile
-    cache) written as ~."""
+    (every architecture ATOM registers, the same in every run) and without a CUDA-graph progress bar
+    printed on the same line, the home directory (ATOM's compile cache) written as ~, and the startup
+    backend report naming only the ops not on the default triton backend."""
     home = os.path.expanduser("~")
-    return [line.replace(home, "~") for line in lines
-            if "INFO atom:" in line and "Register model" not in line][:limit]
+    kept = []
+    for line in lines:
+        if "INFO atom:" not in line or "Register model" in line:
+            continue
+        if "Capturing CUDA graphs" in line:
+            line = line[line.index("INFO atom:"):]
+        kept.append(short_backend_report(line.replace(home, "~")))
+    return kept[:limit]
+
+
+def short_backend_report(line: str) -> str:
+    """The startup line "atom kernels: op=backend, ..." with the ops on triton left out."""
+    report = BACKEND_REPORT.search(line)
+    if not report:
+        return line
+    others = [item for item in report.group(1).split(", ") if not item.endswith("=triton")]
+    return line[:report.start(1)] + (", ".join(others) + " (others: triton)" if others else "all triton") + \
+        line[report.end(1):]
 
 
 def read_run(out: str, error: str | None = None) -> dict:
@@ -92,6 +110,9 @@ def read_run(out: str, error: str | None = None) -> dict:
     result.setdefault("weights_gib", weights_gib)
     lines = log_text.splitlines(keepends=True)
     result["atom_log_lines"] = atom_log_lines(lines, 40)
+    scales = result.get("served_by", {}).get("kv_cache_scales")
+    if scales and all(pair == [1.0, 1.0] for pair in scales.values()):
+        del result["served_by"]["kv_cache_scales"]  # every layer at the default: nothing to record
     result["vllm_kernel_lines"] = [line for line in lines if KERNEL_CHOICE.search(line)][:20]
     return result
 
