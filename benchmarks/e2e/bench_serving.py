@@ -161,6 +161,11 @@ def word(token_id: int) -> str:
     return f"<{token_id}>"
 
 
+def word_id(text: str) -> int:
+    """The token id of a ``word()``."""
+    return int(text.removeprefix("<").removesuffix(">"))
+
+
 def write_model_dir(config_path: str, model_dir: str) -> None:
     """config.json plus a word-level tokenizer covering the whole vocabulary. Each word is bracketed
     (``<17>``): HF's fast tokenizer matches its special tokens (eos, unk) anywhere in the text before
@@ -202,14 +207,14 @@ def greedy_prompts(vocab_size: int, count: int) -> list[list[int]]:
 
 def greedy_completions(port: int, model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
     """The server's greedy continuation of each prompt (one OpenAI completions request, EOS ignored),
-    as token ids: the word-level tokenizer decodes token i to the word "t<i>"."""
+    as token ids: the word-level tokenizer decodes token i to ``word(i)``."""
     body = {"model": model_dir, "prompt": prompts, "max_tokens": GREEDY_TOKENS, "temperature": 0,
             "ignore_eos": True, "skip_special_tokens": False}
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
         choices = sorted(json.load(response)["choices"], key=lambda choice: choice["index"])
-    return [[int(word[1:]) for word in choice["text"].split()] for choice in choices]
+    return [[word_id(text) for text in choice["text"].split()] for choice in choices]
 
 
 def greedy_agreement(native: list[list[int]], atom: list[list[int]]) -> dict:
