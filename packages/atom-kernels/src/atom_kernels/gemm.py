@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, load_step_scales
+from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device
 
 
 @define_op
@@ -132,22 +132,20 @@ def _fp8_gemm_kernel(
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
     b_cols = b_ptr + cols.to(tl.int64)[None, :] * b_stride
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if BLOCK_SCALED:
-        a_scales = a_scale_ptr + rows * a_scale_stride
-        b_scales = b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride
-        sa = load_step_scales(a_scales, row_valid, 0, K, SCALE_BLOCK)
-        sb = load_step_scales(b_scales, col_valid, 0, K, SCALE_BLOCK)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & (ks < K)[None, :], other=0.0)
         b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & col_valid[None, :], other=0.0)
         if BLOCK_SCALED:
-            # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group; its scales were
-            # loaded a step ahead (load_step_scales).
-            next_sa = load_step_scales(a_scales, row_valid, k0 + BLOCK_K, K, SCALE_BLOCK)
-            next_sb = load_step_scales(b_scales, col_valid, k0 + BLOCK_K, K, SCALE_BLOCK)
+            # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group.
+            k_group = k0 // SCALE_BLOCK
+            sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group, mask=row_valid, other=0.0)
+            sb = tl.load(
+                b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride + k_group,
+                mask=col_valid,
+                other=0.0,
+            )
             acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
-            sa, sb = next_sa, next_sb
         else:
             # A fresh dot per K step, added in fp32: Hopper's fp8 MMA accumulates with fewer bits than
             # fp32, so long K runs are promoted every BLOCK_K (as DeepGEMM does).

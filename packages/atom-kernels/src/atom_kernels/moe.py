@@ -57,7 +57,6 @@ from atom_kernels.triton_utils import (
     check_last_dim_contiguous,
     dot_precision,
     interpreting,
-    load_step_scales,
 )
 from atom_kernels.tuned import all_tuned_configs, tuned_config
 
@@ -380,37 +379,25 @@ def _mxfp4_step(
 
 
 @triton.jit
-def _fp8_block_scales(a_scales, w_scales, up_scales, row_valid, col_valid, k0, K, SCALE_BLOCK: tl.constexpr,
-                      GATED: tl.constexpr):
-    """The block-FP8 scales of the K step at ``k0`` (load_step_scales): A's rows' [BLOCK_M, 1], W's
-    columns' [1, BLOCK_N] and (GATED) the up columns' (else W's again); 0 for rows and columns that
-    are not stored."""
-    w_scale = load_step_scales(w_scales, col_valid, k0, K, SCALE_BLOCK)[None, :]
-    up_scale = w_scale
-    if GATED:
-        up_scale = load_step_scales(up_scales, col_valid, k0, K, SCALE_BLOCK)[None, :]
-    return load_step_scales(a_scales, row_valid, k0, K, SCALE_BLOCK)[:, None], w_scale, up_scale
-
-
-@triton.jit
 def _mxfp4_scale_codes(w_scales, k0, K, BLOCK_K: tl.constexpr):
-    """The uint8 e8m0 scale codes of the K step at ``k0``, [BLOCK_N, BLOCK_K / 32], of W's rows whose
-    scales ``w_scales`` [1, BLOCK_N] point at (127, a factor of 1, past K). The GEMMs load them a step
-    ahead of their use, as block scales are (:func:`atom_kernels.triton_utils.load_step_scales`): too
-    few bytes a row, and rows too unevenly aligned, for the compiler to pipeline them."""
+    """The uint8 e8m0 scale codes of the K step at ``k0``, [BLOCK_N, BLOCK_K / 32], of W's columns whose
+    scales ``w_scales`` [1, BLOCK_N] point at (127, a factor of 1, past K). The microscaled dot's loop
+    loads them a step ahead of their use: too few bytes a row, and rows too unevenly aligned, for the
+    compiler to pipeline them through shared memory as it does the weights, so a load in the step that
+    used them stalled every step for a round trip to memory. The register decoding loads them in the
+    step: carried from step to step they made it slower (docs/performance.md)."""
     groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     return tl.load(tl.trans(w_scales) + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
 
 
 @triton.jit
-def _mxfp4_step_registers(acc_t, a_rows, w_rows, codes, k0, K, BLOCK_M: tl.constexpr,
+def _mxfp4_step_registers(acc_t, a_rows, w_rows, w_scales, k0, K, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``acc_t`` + the K step at ``k0`` of (A @ W^T)^T with MXFP4 W, decoded in registers: the weight
     tile is the MMA's left operand (its BLOCK_N rows the wide side, the BLOCK_M tokens the narrow
     one), so the decoded values feed the MMA from registers. One MMA per step: the tile's K columns
     in the order [low nibbles | high nibbles] (W's even columns, then its odd ones), and A's columns
-    permuted to match. ``w_rows`` [BLOCK_N, 1] point at W's bytes; ``codes`` are the step's e8m0 scales
-    (:func:`_mxfp4_scale_codes`).
+    permuted to match. ``w_rows`` / ``w_scales`` [BLOCK_N, 1] point at W's bytes and scales.
     The result is 1 / REGISTER_DECODE_RESCALE times the true one (:func:`e8m0_to_decode_factor`)."""
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 32
@@ -419,6 +406,8 @@ def _mxfp4_step_registers(acc_t, a_rows, w_rows, codes, k0, K, BLOCK_M: tl.const
     a = tl.reshape(tl.permute(tl.reshape(a, [BLOCK_M, HALF, 2]), [0, 2, 1]), [BLOCK_M, BLOCK_K])
     pairs = k0 // 2 + tl.arange(0, HALF)  # byte j holds values 2j and 2j + 1
     packed = tl.load(w_rows + pairs[None, :], mask=(pairs < K // 2)[None, :], other=0)
+    groups = k0 // 32 + tl.arange(0, GROUPS)
+    codes = tl.load(w_scales + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
     factors = tl.broadcast_to(e8m0_to_decode_factor(codes)[:, :, None], [BLOCK_N, GROUPS, 16])
     low, high = e2m1_pairs_to_bf16(packed, tl.reshape(factors, [BLOCK_N, HALF]))
     w = tl.reshape(tl.permute(tl.join(low, high), [0, 2, 1]), [BLOCK_N, BLOCK_K])
@@ -531,27 +520,22 @@ def _moe_gemm_kernel(
         steps = tl.cdiv(tl.cdiv(K, BLOCK_K), split_k)
         k_begin = split * steps * BLOCK_K
         k_end = tl.minimum(K, k_begin + steps * BLOCK_K)
-    if W8A8 and SCALE_BLOCK > 0:
-        a_scale, w_scale, up_scale = _fp8_block_scales(a_scales, w_scales, up_scales, row_valid, col_valid,
-                                                       k_begin, K, SCALE_BLOCK, GATED)
-    if MX_DOT or MX_REGISTERS:
+    codes, up_codes = None, None  # explicit and register decoding read the scales in the step
+    if MX_DOT:
         codes = _mxfp4_scale_codes(w_scales, k_begin, K, BLOCK_K)
         if GATED:
             up_codes = _mxfp4_scale_codes(up_scales, k_begin, K, BLOCK_K)
-    else:  # explicit decoding reads the scales itself
-        codes = None
-        up_codes = None
     for k0 in range(k_begin, k_end, BLOCK_K):
-        if MX_DOT or MX_REGISTERS:
+        if MX_DOT:
             # The next step's scale codes, loaded a step ahead (_mxfp4_scale_codes).
             next_codes = _mxfp4_scale_codes(w_scales, k0 + BLOCK_K, K, BLOCK_K)
             if GATED:
                 next_up_codes = _mxfp4_scale_codes(up_scales, k0 + BLOCK_K, K, BLOCK_K)
         if MX_REGISTERS:
-            acc = _mxfp4_step_registers(acc, a_rows, tl.trans(w_cols), codes, k0, K,
+            acc = _mxfp4_step_registers(acc, a_rows, tl.trans(w_cols), tl.trans(w_scales), k0, K,
                                         BLOCK_M, BLOCK_N, BLOCK_K)
             if GATED:
-                acc_up = _mxfp4_step_registers(acc_up, a_rows, tl.trans(up_cols), up_codes,
+                acc_up = _mxfp4_step_registers(acc_up, a_rows, tl.trans(up_cols), tl.trans(up_scales),
                                                k0, K, BLOCK_M, BLOCK_N, BLOCK_K)
         elif MXFP4:
             acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, codes, k0, K, BLOCK_K, DOT_PRECISION,
@@ -568,12 +552,11 @@ def _moe_gemm_kernel(
                 a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
                 w = tl.load(w_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
             # fp8: a fresh dot per K step, added in fp32 (Hopper's fp8 MMA accumulates with fewer bits
-            # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group,
-            # whose scales were loaded a step ahead (_fp8_block_scales).
+            # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
             if SCALE_BLOCK > 0:
-                next_a_scale, next_w_scale, next_up_scale = _fp8_block_scales(
-                    a_scales, w_scales, up_scales, row_valid, col_valid, k0 + BLOCK_K, K, SCALE_BLOCK, GATED)
-                acc += tl.dot(a, w) * (a_scale * w_scale)
+                k_group = k0 // SCALE_BLOCK
+                a_scale = tl.load(a_scales + k_group)[:, None]
+                acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
             elif W8A8:
                 acc += tl.dot(a, w)
             else:
@@ -584,17 +567,15 @@ def _moe_gemm_kernel(
                 else:
                     w_up = tl.load(up_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
                 if SCALE_BLOCK > 0:
-                    acc_up += tl.dot(a, w_up) * (a_scale * up_scale)
+                    acc_up += tl.dot(a, w_up) * (a_scale * tl.load(up_scales + k_group)[None, :])
                 elif W8A8:
                     acc_up += tl.dot(a, w_up)
                 else:
                     acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
-        if MX_DOT or MX_REGISTERS:
+        if MX_DOT:
             codes = next_codes
             if GATED:
                 up_codes = next_up_codes
-        if W8A8 and SCALE_BLOCK > 0:
-            a_scale, w_scale, up_scale = next_a_scale, next_w_scale, next_up_scale
 
     if MX_REGISTERS:
         acc = tl.trans(acc) * REGISTER_DECODE_RESCALE

@@ -154,13 +154,3 @@ def locate_block(starts_ptr, block, num_seqs, BLOCK: tl.constexpr):
     start = tl.load(starts_ptr + seq)
     length = tl.load(starts_ptr + seq + 1) - start
     return seq, start, length, (block - (start // BLOCK + seq)) * BLOCK
-
-
-@triton.jit
-def load_step_scales(scales, mask, k0, K, GROUP: tl.constexpr):
-    """The block scales of the K step at ``k0`` (inside one group of GROUP columns), from ``scales``,
-    pointers to each row's (or column's) group 0. Block-scaled GEMMs load a step's scales during the
-    step before: a load in the step that used them stalled every step for a round trip to memory (the
-    compiler pipelines the operand tiles through shared memory, not these small loads). Past K the
-    last group is read again (in bounds, unused)."""
-    return tl.load(scales + tl.minimum(k0, K - 1) // GROUP, mask=mask, other=0.0)
