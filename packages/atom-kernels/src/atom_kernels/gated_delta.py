@@ -39,8 +39,9 @@ CHUNK_SIZE = 64
 # them). The state pass's loop over chunks in one pipeline stage: its loads are not overlapped with
 # the chunk before. Built for sm90 at K = V = 128 it asks 112 KiB of shared memory with one stage,
 # 168.5 KiB with two and 224.8 KiB with three (w and u in 16 bits; in fp32: 224.5 and 304.75 KiB,
-# the last past Hopper's 227 KiB); more stages are not yet measured. The prepare kernel takes one chunk a
-# program: nothing to pipeline.
+# the last past Hopper's 227 KiB). On an H200 two stages made the state pass 1.33x slower at 16 x 1024
+# tokens and 0.91x at 2 x 8192, three 1.39x / 0.96x (gated-delta-h200.json[1ca1f35-state-stages]): one
+# stays. The prepare kernel takes one chunk a program: nothing to pipeline.
 PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
