@@ -391,13 +391,14 @@ def _mxfp4_scale_codes(w_scales, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_step_registers(acc_t, a_rows, w_rows, w_scales, k0, K, BLOCK_M: tl.constexpr,
+def _mxfp4_step_registers(acc_t, a_rows, w_rows, codes, k0, K, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``acc_t`` + the K step at ``k0`` of (A @ W^T)^T with MXFP4 W, decoded in registers: the weight
     tile is the MMA's left operand (its BLOCK_N rows the wide side, the BLOCK_M tokens the narrow
     one), so the decoded values feed the MMA from registers. One MMA per step: the tile's K columns
     in the order [low nibbles | high nibbles] (W's even columns, then its odd ones), and A's columns
-    permuted to match. ``w_rows`` / ``w_scales`` [BLOCK_N, 1] point at W's bytes and scales.
+    permuted to match. ``w_rows`` [BLOCK_N, 1] point at W's bytes; ``codes`` are the step's e8m0 scales
+    (:func:`_mxfp4_scale_codes`).
     The result is 1 / REGISTER_DECODE_RESCALE times the true one (:func:`e8m0_to_decode_factor`)."""
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 32
@@ -406,8 +407,6 @@ def _mxfp4_step_registers(acc_t, a_rows, w_rows, w_scales, k0, K, BLOCK_M: tl.co
     a = tl.reshape(tl.permute(tl.reshape(a, [BLOCK_M, HALF, 2]), [0, 2, 1]), [BLOCK_M, BLOCK_K])
     pairs = k0 // 2 + tl.arange(0, HALF)  # byte j holds values 2j and 2j + 1
     packed = tl.load(w_rows + pairs[None, :], mask=(pairs < K // 2)[None, :], other=0)
-    groups = k0 // 32 + tl.arange(0, GROUPS)
-    codes = tl.load(w_scales + groups[None, :], mask=(groups < K // 32)[None, :], other=127)
     factors = tl.broadcast_to(e8m0_to_decode_factor(codes)[:, :, None], [BLOCK_N, GROUPS, 16])
     low, high = e2m1_pairs_to_bf16(packed, tl.reshape(factors, [BLOCK_N, HALF]))
     w = tl.reshape(tl.permute(tl.join(low, high), [0, 2, 1]), [BLOCK_N, BLOCK_K])
@@ -532,10 +531,11 @@ def _moe_gemm_kernel(
             if GATED:
                 next_up_codes = _mxfp4_scale_codes(up_scales, k0 + BLOCK_K, K, BLOCK_K)
         if MX_REGISTERS:
-            acc = _mxfp4_step_registers(acc, a_rows, tl.trans(w_cols), tl.trans(w_scales), k0, K,
-                                        BLOCK_M, BLOCK_N, BLOCK_K)
+            acc = _mxfp4_step_registers(acc, a_rows, tl.trans(w_cols), _mxfp4_scale_codes(w_scales, k0, K, BLOCK_K),
+                                        k0, K, BLOCK_M, BLOCK_N, BLOCK_K)
             if GATED:
-                acc_up = _mxfp4_step_registers(acc_up, a_rows, tl.trans(up_cols), tl.trans(up_scales),
+                acc_up = _mxfp4_step_registers(acc_up, a_rows, tl.trans(up_cols),
+                                               _mxfp4_scale_codes(up_scales, k0, K, BLOCK_K),
                                                k0, K, BLOCK_M, BLOCK_N, BLOCK_K)
         elif MXFP4:
             acc = _mxfp4_step(acc, a_rows, w_cols, w_scales, codes, k0, K, BLOCK_K, DOT_PRECISION,
