@@ -1,5 +1,6 @@
-"""The Gated DeltaNet and conv kernels, and the fused MoE GEMM's block-FP8 variants, its MXFP4
-linear-layer variant and its MXFP4 gate/up with register decoding, compile for Hopper (sm90) without
+"""The Gated DeltaNet and conv kernels, the dense block-FP8 GEMM (whole and split in K) with its split
+sum, and the fused MoE GEMM's block-FP8 variants, its MXFP4 linear-layer variant and its MXFP4 gate/up
+with register decoding, compile for Hopper (sm90) without
 a GPU. The interpreter never compiles, so a kernel could pass the suite and still fail to compile, or
 ask for more shared memory than an sm90 block has (the state pass once asked 312 KiB), on its first
 GPU. Run without TRITON_INTERPRET, this file compiles them (Triton, ptxas: CPU only) at Qwen3-Next's
@@ -15,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from atom_kernels import gated_delta, moe, short_conv
+from atom_kernels import gated_delta, gemm, moe, short_conv
 
 HOPPER = GPUTarget("cuda", 90, 32)
 FP32_POINTERS = {"g_ptr", "w_ptr", "u_ptr", "state_ptr"}
@@ -91,6 +92,36 @@ def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
     ]
 
 
+def dense_fp8_variants() -> list[tuple]:
+    """(kernel, signature, constexprs, tiles): the block-FP8 GEMM at one token (split in K, as at
+    decode) and at prefill rows (whole), and the split sum."""
+    pointers = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "out_ptr": "*bf16", "a_scale_ptr": "*fp32",
+                "b_scale_ptr": "*fp32", "partial_ptr": "*fp32"}
+    fixed = dict(bias_ptr=None, A_PER_ROW=True, B_PER_ROW=True, BLOCK_SCALED=True, SCALE_BLOCK=128,
+                 HAS_BIAS=False)
+    gemm_signature = {name: pointers.get(name, "i32") for name in gemm._fp8_gemm_kernel.arg_names}
+    sum_signature = {"partial_ptr": "*fp32", "out_ptr": "*bf16", "bias_ptr": None}
+    sum_signature = {name: sum_signature.get(name, "i32") for name in gemm._split_k_sum_kernel.arg_names}
+    variants = []
+    for rows, split in ((1, True), (4096, False)):
+        tiles = gemm._gemm_config(rows)
+        constexprs = dict(fixed, SPLIT=split, **{k: v for k, v in tiles.items() if k.isupper()},
+                          **({} if split else {"partial_ptr": None}))
+        variants.append((gemm._fp8_gemm_kernel, gemm_signature, constexprs, tiles))
+    variants.append((gemm._split_k_sum_kernel, sum_signature, dict(bias_ptr=None, HAS_BIAS=False, BLOCK_N=1024),
+                     {"num_warps": 4, "num_stages": 3}))
+    return variants
+
+
+def compile_variant(kernel, signature: dict, constexprs: dict, tiles: dict) -> int:
+    types = {name: "constexpr" if name in constexprs else kind for name, kind in signature.items()}
+    source = ASTSource(fn=kernel, signature=types,
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=HOPPER,
+                              options={"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
+    return compiled.metadata.shared
+
+
 def main() -> None:
     heads = dict(HEAD_K=128, HEAD_V=128, USE_QK_L2NORM=True, BLOCK_K=128)
     conv = dict(KERNEL_SIZE=4, HAS_SLOTS=True, BLOCK_C=128)
@@ -117,11 +148,15 @@ def main() -> None:
     for signature, constexprs, tiles in moe_gemm_variants():
         shared = compile_moe_gemm(signature, constexprs, tiles)
         print(f"compiled _moe_gemm_kernel shared={shared}", flush=True)
+    for kernel, signature, constexprs, tiles in dense_fp8_variants():
+        shared = compile_variant(kernel, signature, constexprs, tiles)
+        print(f"compiled {kernel.fn.__name__} shared={shared}", flush=True)
 
 
 HOPPER_SHARED_BYTES = 227 * 1024  # the most one sm90 block may use
 KERNELS = {"_gated_delta_chunk_prepare_kernel", "_gated_delta_chunk_state_kernel", "_gated_delta_rule_decode_kernel",
-           "_causal_conv1d_prefill_kernel", "_conv_state_kernel", "_causal_conv1d_decode_kernel", "_moe_gemm_kernel"}
+           "_causal_conv1d_prefill_kernel", "_conv_state_kernel", "_causal_conv1d_decode_kernel", "_moe_gemm_kernel",
+           "_fp8_gemm_kernel", "_split_k_sum_kernel"}
 
 
 def test_kernels_compile_for_hopper():

@@ -2,6 +2,8 @@ import pytest
 import torch
 from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, library_backends, rand
 
+from atom_kernels import gemm
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
@@ -105,6 +107,36 @@ def test_fp8_block_scaled_mm(backend, m, n, k):
     b_full = b_scale.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:n, :k]
     expected = (a.double() * a_full.double()) @ (b.double() * b_full.double()).T
     assert_close(out, expected, torch.bfloat16, "accumulated")
+
+
+@pytest.mark.parametrize("block_scaled", [True, False], ids=["block", "channel"])
+@pytest.mark.parametrize("m, split_k", [(3, 2), (20, 3), (70, 5), (5, 9)])
+def test_fp8_gemm_split_k(block_scaled, m, split_k):
+    """K cut into ranges summed by a second kernel (5 K steps: uneven splits, and more splits asked
+    than steps) gives the unsplit result, bias included."""
+    n, k = 200, 640
+    a, a_scale = quantized(m, k)
+    b, b_scale = quantized(n, k)
+    bias = None
+    if block_scaled:
+        a_scale = (torch.rand(m, k // 128) + 0.5).to(DEVICE) / 100
+        b_scale = (torch.rand(-(-n // 128), k // 128) + 0.5).to(DEVICE) / 100
+    else:
+        b_scale, bias = b_scale.reshape(n), rand(n)
+    whole, split = (
+        gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.float32, bias, block_scaled, 128, split_k=s)
+        for s in (1, split_k)
+    )
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tiles, k_steps, want",
+    [(9, 56, 14), (64, 96, 5), (96, 32, 3), (384, 32, 1), (132, 128, 1), (4, 6, 1), (1, 4, 1)],
+)
+def test_split_k_fills_the_gpu(tiles, k_steps, want):
+    """Splits give about two programs per SM (132 on CPU), each with at least four K steps."""
+    assert gemm._split_k(tiles, k_steps, torch.device("cpu")) == want
 
 
 @backends

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device
+from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, sm_count
 
 
 @define_op
@@ -108,6 +108,8 @@ def _fp8_gemm_kernel(
     out_stride,
     a_scale_stride,
     b_scale_stride,
+    partial_ptr,
+    k_per_split,
     A_PER_ROW: tl.constexpr,
     B_PER_ROW: tl.constexpr,
     BLOCK_SCALED: tl.constexpr,
@@ -117,6 +119,7 @@ def _fp8_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m, num_pid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -132,7 +135,9 @@ def _fp8_gemm_kernel(
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
     b_cols = b_ptr + cols.to(tl.int64)[None, :] * b_stride
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # Split K: program (tile, s) sums K columns [s * k_per_split, (s + 1) * k_per_split).
+    k_first = tl.program_id(1) * k_per_split
+    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & (ks < K)[None, :], other=0.0)
         b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & col_valid[None, :], other=0.0)
@@ -159,10 +164,33 @@ def _fp8_gemm_kernel(
             acc *= tl.load(b_scale_ptr + cols, mask=col_valid, other=0.0)[None, :]
         else:
             acc *= tl.load(b_scale_ptr)
+    mask = row_valid[:, None] & col_valid[None, :]
+    if SPLIT:
+        # The scales are linear, so each split applies them; _split_k_sum_kernel adds the bias.
+        partial = partial_ptr + (tl.program_id(1) * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
+        tl.store(partial, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[None, :]
+        out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def _split_k_sum_kernel(partial_ptr, out_ptr, bias_ptr, M, N, out_stride, splits,
+                        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[row] = the sum of the ``splits`` fp32 partial rows (in split order, so runs repeat bit for
+    bit) + bias, cast to out's dtype. The split count is no constexpr: one compiled kernel serves
+    every count, as the GEMM's SPLIT flag does (no compiles while serving new batch sizes)."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_valid = cols < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for split in range(splits):
+        acc += tl.load(partial_ptr + (split * M + row).to(tl.int64) * N + cols, mask=col_valid, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & col_valid[None, :])
+        acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * out_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=col_valid)
 
 
 def _gemm_config(m: int) -> dict[str, int]:
@@ -197,6 +225,22 @@ def _gemm_config(m: int) -> dict[str, int]:
     }
 
 
+# Split K when the output tiles leave SMs idle: up to SPLIT_K_PROGRAMS_PER_SM programs an SM, each
+# with at least SPLIT_K_MIN_STEPS K steps (measured: benchmarks/kernels/experiments/fp8_split_k.py).
+SPLIT_K_PROGRAMS_PER_SM = 2
+SPLIT_K_MIN_STEPS = 4
+
+
+def _split_k(tiles: int, k_steps: int, device: torch.device) -> int:
+    """How many K ranges each output tile is cut into: one when the tiles alone fill the GPU. Short
+    wide layers (DeepSeek's kv_a_proj: 9 tiles of 56 K steps at decode) otherwise run on a few SMs
+    one K step after another."""
+    sms = sm_count(device)
+    if tiles >= sms:
+        return 1
+    return max(1, min(triton.cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // SPLIT_K_MIN_STEPS))
+
+
 def _launch_fp8_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -206,7 +250,9 @@ def _launch_fp8_gemm(
     bias: torch.Tensor | None,
     block_scaled: bool,
     scale_block: int,
+    split_k: int | None = None,
 ) -> torch.Tensor:
+    """``split_k`` None: chosen by :func:`_split_k`; a number (experiments, tests) forces it."""
     check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, bias=bias)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(
@@ -227,8 +273,14 @@ def _launch_fp8_gemm(
             raise ValueError(
                 f"fp8_block_scaled_mm: block_size {scale_block} must be a multiple of 128"
             )
-    grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
-    _fp8_gemm_kernel[grid](
+    tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+    k_steps = triton.cdiv(k, config["BLOCK_K"])
+    if split_k is None:
+        split_k = _split_k(tiles, k_steps, a.device)
+    steps_per_split = triton.cdiv(k_steps, max(1, min(split_k, k_steps)))
+    split_k = triton.cdiv(k_steps, steps_per_split)  # no empty split
+    partial = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device) if split_k > 1 else None
+    _fp8_gemm_kernel[(tiles, split_k)](
         a,
         b,
         out,
@@ -243,13 +295,21 @@ def _launch_fp8_gemm(
         out.stride(0),
         a_scale.stride(0) if block_scaled else 0,
         b_scale.stride(0) if block_scaled else 0,
+        partial,
+        steps_per_split * config["BLOCK_K"],
         A_PER_ROW=a_scale.numel() > 1,
         B_PER_ROW=b_scale.numel() > 1,
         BLOCK_SCALED=block_scaled,
         SCALE_BLOCK=scale_block,
         HAS_BIAS=bias is not None,
+        SPLIT=split_k > 1,
         **config,
     )
+    if split_k > 1:
+        block_n = 1024
+        _split_k_sum_kernel[(m, triton.cdiv(n, block_n))](
+            partial, out, bias, m, n, out.stride(0), split_k, HAS_BIAS=bias is not None, BLOCK_N=block_n
+        )
     return out
 
 
