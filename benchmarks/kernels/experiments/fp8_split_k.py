@@ -55,7 +55,7 @@ def main(out_path: str) -> None:
             tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
             steps = triton.cdiv(k, 128)
             row = {"shape": name, "n": n, "k": k, "m": m, "tiles": tiles, "k_steps": steps,
-                   "auto_split": gemm._split_k(tiles, steps, device), "us": {}}
+                   "auto_split": gemm._split_k(tiles, steps, config["split_min_steps"], device), "us": {}}
             whole = gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.float32, None, True, 128, 1)
             row["max_rel_diff_to_unsplit"] = 0.0
             for split in (*[s for s in SPLITS if s <= steps], None):

@@ -131,12 +131,13 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
 
 
 @pytest.mark.parametrize(
-    "tiles, k_steps, want",
-    [(9, 56, 14), (64, 96, 5), (96, 32, 3), (384, 32, 1), (132, 128, 1), (4, 6, 1), (1, 4, 1)],
+    "tiles, k_steps, min_steps, want",
+    [(9, 56, 6, 9), (64, 96, 6, 5), (96, 32, 6, 3), (80, 16, 12, 1), (384, 32, 6, 1), (132, 128, 6, 1),
+     (4, 6, 8, 1)],
 )
-def test_split_k_fills_the_gpu(tiles, k_steps, want):
-    """Splits give about two programs per SM (132 on CPU), each with at least four K steps."""
-    assert gemm._split_k(tiles, k_steps, torch.device("cpu")) == want
+def test_split_k_fills_the_gpu(tiles, k_steps, min_steps, want):
+    """Splits give about two programs per SM (132 on CPU), each with at least ``min_steps`` K steps."""
+    assert gemm._split_k(tiles, k_steps, min_steps, torch.device("cpu")) == want
 
 
 @backends

@@ -194,7 +194,8 @@ def _split_k_sum_kernel(partial_ptr, out_ptr, bias_ptr, M, N, out_stride, splits
 
 
 def _gemm_config(m: int) -> dict[str, int]:
-    """Tiles by M: decode-sized M streams the weights, prefill-sized M is compute bound."""
+    """Tiles by M: decode-sized M streams the weights, prefill-sized M is compute bound.
+    ``split_min_steps``: the fewest K steps a split of K may have (see :func:`_split_k`)."""
     if m <= 16:
         return {
             "BLOCK_M": 16,
@@ -203,6 +204,7 @@ def _gemm_config(m: int) -> dict[str, int]:
             "GROUP_M": 1,
             "num_warps": 4,
             "num_stages": 4,
+            "split_min_steps": 6,
         }
     if m <= 64:
         return {
@@ -212,6 +214,7 @@ def _gemm_config(m: int) -> dict[str, int]:
             "GROUP_M": 8,
             "num_warps": 4,
             "num_stages": 4,
+            "split_min_steps": 12,
         }
     # Four stages: 44.0 vs 50.2 us at M=128 and 2015 vs 2103 us at M=8192 (token x channel, N=24576,
     # K=4096, H200 sweep of 2026-11); block-scaled runs the same either way.
@@ -222,23 +225,27 @@ def _gemm_config(m: int) -> dict[str, int]:
         "GROUP_M": 8,
         "num_warps": 8,
         "num_stages": 4,
+        "split_min_steps": 8,
     }
 
 
-# Split K when the output tiles leave SMs idle: up to SPLIT_K_PROGRAMS_PER_SM programs an SM, each
-# with at least SPLIT_K_MIN_STEPS K steps (measured: benchmarks/kernels/experiments/fp8_split_k.py).
+# Split K when the output tiles leave SMs idle, up to SPLIT_K_PROGRAMS_PER_SM programs an SM.
 SPLIT_K_PROGRAMS_PER_SM = 2
-SPLIT_K_MIN_STEPS = 4
 
 
-def _split_k(tiles: int, k_steps: int, device: torch.device) -> int:
+def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device) -> int:
     """How many K ranges each output tile is cut into: one when the tiles alone fill the GPU. Short
     wide layers (DeepSeek's kv_a_proj: 9 tiles of 56 K steps at decode) otherwise run on a few SMs
-    one K step after another."""
+    one K step after another. Each split writes an fp32 partial of its tile, so splits of few K
+    steps cost more than they save, the more so the more rows: ``min_steps`` per tile size (6 / 12 /
+    8 for 16- / 64- / 128-row tiles) and two programs an SM came within 4 % of the best split count
+    (geomean) over the FP8 linears of Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V3 at 1-64 rows (and DeepSeek's
+    kv_a widths at 128-256, which the library GEMM does not take), where a fixed minimum of 4 steps came
+    to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-split-k-h200.json``)."""
     sms = sm_count(device)
     if tiles >= sms:
         return 1
-    return max(1, min(triton.cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // SPLIT_K_MIN_STEPS))
+    return max(1, min(triton.cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // min_steps))
 
 
 def _launch_fp8_gemm(
@@ -267,6 +274,7 @@ def _launch_fp8_gemm(
     if m == 0 or n == 0:
         return out
     config = _gemm_config(m)
+    min_steps = config.pop("split_min_steps")
     if block_scaled:
         config["BLOCK_K"] = min(config["BLOCK_K"], scale_block)
         if scale_block % config["BLOCK_K"]:
@@ -276,7 +284,7 @@ def _launch_fp8_gemm(
     tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     k_steps = triton.cdiv(k, config["BLOCK_K"])
     if split_k is None:
-        split_k = _split_k(tiles, k_steps, a.device)
+        split_k = _split_k(tiles, k_steps, min_steps, a.device)
     steps_per_split = triton.cdiv(k_steps, max(1, min(split_k, k_steps)))
     split_k = triton.cdiv(k_steps, steps_per_split)  # no empty split
     partial = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device) if split_k > 1 else None
