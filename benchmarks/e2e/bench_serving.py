@@ -45,6 +45,10 @@ from bench_offline import atom_log_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
+# How long a server may take to answer /health. vLLM alone on a block-FP8 model spends minutes in its
+# DeepGEMM warm-up on a fresh machine: Qwen3-8B-FP8 on an H200 (2026-11-28) was still not serving after
+# the 420 s this once was (warm-up 3.5 min, graphs captured at 5.4 min).
+SERVER_TIMEOUT_S = "900"
 METRICS = ["output_throughput", "total_token_throughput", "request_throughput",
            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]
@@ -303,7 +307,7 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
     run = {"mode": mode, "log": os.path.basename(log_path), "server_args": server_args}
     save(mode, run)
     try:
-        if not wait_healthy(port, server, float(os.environ.get("ATOM_BENCH_SERVER_TIMEOUT", "420"))):
+        if not wait_healthy(port, server, float(os.environ.get("ATOM_BENCH_SERVER_TIMEOUT", SERVER_TIMEOUT_S))):
             run["error"] = "server did not come up"
             run["log_tail"] = open(log_path).read()[-3000:]
             save(mode, run)
