@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.quant import MIN_AMAX, fp8_dtype_max, quantize_fp8_groups
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, sm_count
 
@@ -111,8 +110,6 @@ def _fp8_gemm_kernel(
     b_scale_stride,
     partial_ptr,
     k_per_split,
-    fp8_max,
-    min_amax,
     A_PER_ROW: tl.constexpr,
     B_PER_ROW: tl.constexpr,
     BLOCK_SCALED: tl.constexpr,
@@ -123,7 +120,6 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr,
-    QUANT_A: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m, num_pid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -148,13 +144,7 @@ def _fp8_gemm_kernel(
         if BLOCK_SCALED:
             # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group.
             k_group = k0 // SCALE_BLOCK
-            if QUANT_A:
-                # a in 16 bits, quantized here per row and BLOCK_K (= SCALE_BLOCK) group with the
-                # arithmetic of per_group_quant_fp8: the same codes and scales as its launch.
-                a, sa = quantize_fp8_groups(a.to(tl.float32), BLOCK_K, fp8_max, min_amax)
-                a, sa = a.to(b.dtype), tl.reshape(sa, [BLOCK_M])
-            else:
-                sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group, mask=row_valid, other=0.0)
+            sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group, mask=row_valid, other=0.0)
             sb = tl.load(
                 b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride + k_group,
                 mask=col_valid,
@@ -269,16 +259,14 @@ def _launch_fp8_gemm(
     scale_block: int,
     split_k: int | None = None,
 ) -> torch.Tensor:
-    """``split_k`` None: chosen by :func:`_split_k`; a number (experiments, tests) forces it. With
-    ``a`` in 16 bits and ``a_scale`` None (block-scaled only), the kernel quantizes ``a`` itself."""
-    quant_a = a_scale is None
+    """``split_k`` None: chosen by :func:`_split_k`; a number (experiments, tests) forces it."""
     check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, bias=bias)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(
             f"fp8 gemm: a {tuple(a.shape)} and b {tuple(b.shape)} are not [M, K] x [N, K]"
         )
-    if a.element_size() != (2 if quant_a else 1) or b.element_size() != 1:
-        raise ValueError(f"fp8 gemm: operands must be fp8 (or a 16-bit a to quantize), got {a.dtype} and {b.dtype}")
+    if a.element_size() != 1 or b.element_size() != 1:
+        raise ValueError(f"fp8 gemm: operands must be fp8, got {a.dtype} and {b.dtype}")
     check_last_dim_contiguous("a", a)
     check_last_dim_contiguous("b", b)
     (m, k), n = a.shape, b.shape[0]
@@ -293,8 +281,6 @@ def _launch_fp8_gemm(
             raise ValueError(
                 f"fp8_block_scaled_mm: block_size {scale_block} must be a multiple of 128"
             )
-    if quant_a and (not block_scaled or config["BLOCK_K"] != scale_block):
-        raise ValueError(f"fp8 gemm: quantizing a in the kernel takes 128-column groups, not {scale_block}")
     tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
     k_steps = triton.cdiv(k, config["BLOCK_K"])
     if split_k is None:
@@ -315,19 +301,16 @@ def _launch_fp8_gemm(
         a.stride(0),
         b.stride(0),
         out.stride(0),
-        a_scale.stride(0) if block_scaled and not quant_a else 0,
+        a_scale.stride(0) if block_scaled else 0,
         b_scale.stride(0) if block_scaled else 0,
         partial,
         steps_per_split * config["BLOCK_K"],
-        fp8_dtype_max(b.dtype),
-        MIN_AMAX,
-        A_PER_ROW=quant_a or a_scale.numel() > 1,
+        A_PER_ROW=a_scale.numel() > 1,
         B_PER_ROW=b_scale.numel() > 1,
         BLOCK_SCALED=block_scaled,
         SCALE_BLOCK=scale_block,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1,
-        QUANT_A=quant_a,
         **config,
     )
     if split_k > 1:
