@@ -12,13 +12,16 @@ rows at which the library GEMM takes over).
 """
 
 import json
+import os
 import sys
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
 
-from atom_kernels import gemm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_scales_ahead import scales, us  # noqa: E402
+
+from atom_kernels import gemm  # noqa: E402
 
 SHAPES = {
     "qwen3-8b qkv": (6144, 4096), "qwen3-8b o": (4096, 4096), "qwen3-8b gate_up": (24576, 4096),
@@ -29,16 +32,6 @@ SHAPES = {
 ROWS = (1, 16, 64, 128, 256)
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 FP8 = torch.float8_e4m3fn
-
-
-def us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return round(do_bench_cudagraph(fn, rep=20) * 1000, 2)
-
-
-def scales(*shape: int) -> torch.Tensor:
-    return torch.rand(*shape, device="cuda") * 0.01 + 0.001
 
 
 def main(out_path: str) -> None:

@@ -55,16 +55,19 @@ def moe_gemm_signature(w: str, w_scale: str, out: str, a_scale: bool, routed: bo
             for name in moe._moe_gemm_kernel.arg_names}
 
 
-def compile_moe_gemm(signature: dict, constexprs: dict, tiles: dict) -> int:
-    kernel = moe._moe_gemm_kernel
-    constexprs = {**{name: None for name, kind in signature.items() if kind is None}, **constexprs,
-                  **{k: v for k, v in tiles.items() if k not in ("num_warps", "num_stages")}}
+def compile_variant(kernel, signature: dict, constexprs: dict, tiles: dict) -> int:
     types = {name: "constexpr" if name in constexprs else kind for name, kind in signature.items()}
     source = ASTSource(fn=kernel, signature=types,
                        constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
     compiled = triton.compile(source, target=HOPPER,
                               options={"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
     return compiled.metadata.shared
+
+
+def compile_moe_gemm(signature: dict, constexprs: dict, tiles: dict) -> int:
+    constexprs = {**{name: None for name, kind in signature.items() if kind is None}, **constexprs,
+                  **{k: v for k, v in tiles.items() if k not in ("num_warps", "num_stages")}}
+    return compile_variant(moe._moe_gemm_kernel, signature, constexprs, tiles)
 
 
 def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
@@ -111,15 +114,6 @@ def dense_fp8_variants() -> list[tuple]:
     variants.append((gemm._split_k_sum_kernel, sum_signature, dict(bias_ptr=None, HAS_BIAS=False, BLOCK_N=1024),
                      {"num_warps": 4, "num_stages": 3}))
     return variants
-
-
-def compile_variant(kernel, signature: dict, constexprs: dict, tiles: dict) -> int:
-    types = {name: "constexpr" if name in constexprs else kind for name, kind in signature.items()}
-    source = ASTSource(fn=kernel, signature=types,
-                       constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(source, target=HOPPER,
-                              options={"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]})
-    return compiled.metadata.shared
 
 
 def main() -> None:
