@@ -22,6 +22,7 @@ def assert_same_fp8(actual: torch.Tensor, expected: torch.Tensor) -> None:
 def quant_input(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     x = rand(rows, cols, dtype=dtype, scale=3.0)
     x[0] = 0  # an all-zero row still gets a finite scale
+    x[-1, 8:12] = -0.0  # signed zeros keep their sign
     x[-1, :8] *= 100  # outliers
     return x
 
