@@ -99,17 +99,17 @@ def dense_fp8_variants() -> list[tuple]:
     """(kernel, signature, constexprs, tiles): the block-FP8 GEMM at one token (split in K, as at
     decode) and at prefill rows (whole), and the split sum."""
     pointers = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "out_ptr": "*bf16", "a_scale_ptr": "*fp32",
-                "b_scale_ptr": "*fp32", "partial_ptr": "*fp32"}
+                "b_scale_ptr": "*fp32", "partial_ptr": "*fp32", "arrivals_ptr": "*i32"}
     fixed = dict(bias_ptr=None, A_PER_ROW=True, B_PER_ROW=True, BLOCK_SCALED=True, SCALE_BLOCK=128,
                  HAS_BIAS=False)
     gemm_signature = {name: pointers.get(name, "i32") for name in gemm._fp8_gemm_kernel.arg_names}
     sum_signature = {"partial_ptr": "*fp32", "out_ptr": "*bf16", "bias_ptr": None}
     sum_signature = {name: sum_signature.get(name, "i32") for name in gemm._split_k_sum_kernel.arg_names}
     variants = []
-    for rows, split in ((1, True), (4096, False)):
+    for rows, split, serial in ((1, True, False), (1, True, True), (4096, False, False)):
         tiles = gemm._gemm_config(rows)
-        constexprs = dict(fixed, SPLIT=split, **{k: v for k, v in tiles.items() if k.isupper()},
-                          **({} if split else {"partial_ptr": None}))
+        constexprs = dict(fixed, SPLIT=split, SERIAL_SUM=serial, **{k: v for k, v in tiles.items() if k.isupper()},
+                          **({} if split else {"partial_ptr": None}), **({} if serial else {"arrivals_ptr": None}))
         variants.append((gemm._fp8_gemm_kernel, gemm_signature, constexprs, tiles))
     variants.append((gemm._split_k_sum_kernel, sum_signature, dict(bias_ptr=None, HAS_BIAS=False, BLOCK_N=1024),
                      {"num_warps": 4, "num_stages": 3}))

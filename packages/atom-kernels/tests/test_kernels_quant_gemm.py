@@ -130,6 +130,29 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("block_scaled", [True, False], ids=["block", "channel"])
+@pytest.mark.parametrize("m, split_k", [(3, 2), (70, 5)])
+def test_fp8_gemm_split_k_summed_by_the_last_split(block_scaled, m, split_k):
+    """Each tile's last split summing the partials gives the sum kernel's result bit for bit, and
+    leaves the arrival counters zero for the next launch."""
+    n, k = 200, 640
+    a, a_scale = quantized(m, k)
+    b, b_scale = quantized(n, k)
+    bias = None
+    if block_scaled:
+        a_scale = (torch.rand(m, k // 128) + 0.5).to(DEVICE) / 100
+        b_scale = (torch.rand(-(-n // 128), k // 128) + 0.5).to(DEVICE) / 100
+    else:
+        b_scale, bias = b_scale.reshape(n), rand(n)
+    summed, serial, again = (
+        gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.bfloat16, bias, block_scaled, 128,
+                              split_k=split_k, serial_sum=serial_sum)
+        for serial_sum in (False, True, True)
+    )
+    assert torch.equal(serial, summed) and torch.equal(again, summed)
+    assert not gemm._ARRIVALS[a.device].any()
+
+
 @pytest.mark.parametrize(
     "tiles, k_steps, min_steps, want",
     [(9, 56, 6, 9), (64, 96, 6, 5), (96, 32, 6, 3), (80, 16, 12, 1), (384, 32, 6, 1), (132, 128, 6, 1),

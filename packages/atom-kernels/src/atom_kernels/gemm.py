@@ -110,6 +110,7 @@ def _fp8_gemm_kernel(
     b_scale_stride,
     partial_ptr,
     k_per_split,
+    arrivals_ptr,
     A_PER_ROW: tl.constexpr,
     B_PER_ROW: tl.constexpr,
     BLOCK_SCALED: tl.constexpr,
@@ -120,6 +121,7 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr,
+    SERIAL_SUM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m, num_pid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -166,9 +168,24 @@ def _fp8_gemm_kernel(
             acc *= tl.load(b_scale_ptr)
     mask = row_valid[:, None] & col_valid[None, :]
     if SPLIT:
-        # The scales are linear, so each split applies them; _split_k_sum_kernel adds the bias.
+        # The scales are linear, so each split applies them; the sum adds the bias.
         partial = partial_ptr + (tl.program_id(1) * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
         tl.store(partial, acc, mask=mask)
+        if SERIAL_SUM:
+            # The tile's last split to finish sums them (in split order) instead of a second kernel:
+            # its partial stores are released by the acq_rel arrival, the others' acquired by it.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(arrivals_ptr + pid, 1, sem="acq_rel")
+            if arrived == tl.num_programs(1) - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                tile = partial_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+                for split in range(tl.num_programs(1)):
+                    total += tl.load(tile + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[None, :]
+                out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+                tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(arrivals_ptr + pid, 0)  # zero again for the next launch
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[None, :]
@@ -248,6 +265,19 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device) -> 
     return max(1, min(triton.cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // min_steps))
 
 
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device, tiles: int) -> torch.Tensor:
+    """Per output tile, how many of its splits have stored their partial: int32 zeros that each
+    launch leaves zero again. Splits happen only below one tile per SM, so one counter per SM; one
+    set per device (the GEMMs of one device run on one stream)."""
+    counters = _ARRIVALS.get(device)
+    if counters is None or counters.numel() < tiles:
+        counters = _ARRIVALS[device] = torch.zeros(max(tiles, sm_count(device)), dtype=torch.int32, device=device)
+    return counters
+
+
 def _launch_fp8_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -258,8 +288,10 @@ def _launch_fp8_gemm(
     block_scaled: bool,
     scale_block: int,
     split_k: int | None = None,
+    serial_sum: bool = False,
 ) -> torch.Tensor:
-    """``split_k`` None: chosen by :func:`_split_k`; a number (experiments, tests) forces it."""
+    """``split_k`` None: chosen by :func:`_split_k`; a number (experiments, tests) forces it.
+    ``serial_sum``: each tile's last split sums the partials (no second kernel)."""
     check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, bias=bias)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(
@@ -305,15 +337,17 @@ def _launch_fp8_gemm(
         b_scale.stride(0) if block_scaled else 0,
         partial,
         steps_per_split * config["BLOCK_K"],
+        _arrivals(a.device, tiles) if serial_sum and split_k > 1 else None,
         A_PER_ROW=a_scale.numel() > 1,
         B_PER_ROW=b_scale.numel() > 1,
         BLOCK_SCALED=block_scaled,
         SCALE_BLOCK=scale_block,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1,
+        SERIAL_SUM=serial_sum,
         **config,
     )
-    if split_k > 1:
+    if split_k > 1 and not serial_sum:
         block_n = 1024
         _split_k_sum_kernel[(m, triton.cdiv(n, block_n))](
             partial, out, bias, m, n, out.stride(0), split_k, HAS_BIAS=bias is not None, BLOCK_N=block_n
