@@ -7,7 +7,7 @@ Usage: python3 benchmarks/kernels/experiments/mxfp4_register_decode.py OUT.json 
 
 Uniform random top-4 routing, GPT-OSS's clamped SwiGLU with biases; whole-op time by
 CUDA-graph replay (mxfp4_decode_breakdown.graph_us); the two paths' outputs compared. Results:
-``mxfp4-tiled-decode-h200.json[3e901cf-whole-op, d9df8fc-whole-op]``.
+``mxfp4-tiled-decode-h200.json[3e901cf-whole-op, d9df8fc-whole-op, e3ec8a2-whole-op-120b]``.
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device) -> 
     8 for 16- / 64- / 128-row tiles) and two programs an SM came within 4 % of the best split count
     (geomean) over the FP8 linears of Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V3 at 1-64 rows (and DeepSeek's
     kv_a widths at 128-256, which the library GEMM does not take), where a fixed minimum of 4 steps came
-    to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-split-k-h200.json``)."""
+    to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-h200.json[split-k]``)."""
     sms = sm_count(device)
     if tiles >= sms:
         return 1
@@ -356,7 +356,7 @@ def fp8_block_scaled_mm_triton(
 
 
 # torch._scaled_mm (cuBLASLt / CUTLASS in torch 2.11) against the Triton kernels above on an H200
-# (benchmarks/kernels/experiments/fp8-block-library-h200.json, benchmarks/results/fp8-gemm-h200-*.json):
+# (benchmarks/kernels/experiments/fp8-h200.json[block-library], benchmarks/results/fp8-gemm-h200.json):
 # block-wise 1.1 to 1.9x faster from 256 rows up at every Qwen3-8B and DeepSeek-V3 shape, per
 # channel 1.2 to 1.5x; up to 64 rows the Triton kernels are as fast or faster. So the library takes
 # more than 64 rows. cuBLASLt answers NOT_SUPPORTED for row counts that are not a multiple of 16

@@ -102,9 +102,9 @@ def _divide_nonzero(x, scale):
     """``x / scale`` rounded as IEEE division (``tl.div_rn``), zeros kept as they are (signed) without
     dividing, which gives the same bits. Why: on an H200 the quantization cost more the more of a
     program's rows were masked (zeros): quantization launch + GEMM minus the GEMM alone came to 5.9 /
-    4.0 / 2.2 us at 1 / 16 / 64 rows of 32-row programs (Qwen3-8B's o_proj, fp8-gemm-h200-06ddc6f.json
-    against fp8-split-k-h200.json, two leases), and the GEMM quantizing its own 16-row tiles took 2.2x as long at
-    1 row as at 16 (fp8-dense-quant-in-gemm-h200.json): the division's slow path, by all signs.
+    4.0 / 2.2 us at 1 / 16 / 64 rows of 32-row programs (Qwen3-8B's o_proj, fp8-gemm-h200.json[06ddc6f]
+    against fp8-h200.json[split-k], two leases), and the GEMM quantizing its own 16-row tiles took 2.2x as long at
+    1 row as at 16 (fp8-h200.json[dense-quant-in-gemm]): the division's slow path, by all signs.
     Not yet timed with this guard."""
     zero = x == 0
     return tl.where(zero, x, tl.div_rn(tl.where(zero, 1.0, x), tl.where(zero, 1.0, scale)))
