@@ -48,7 +48,7 @@ MODELS = os.path.join(HERE, "..", "models")
 # How long a server may take to answer /health. vLLM alone on a block-FP8 model spends minutes in its
 # DeepGEMM warm-up on a fresh machine: Qwen3-8B-FP8 on an H200 (2026-11-28) was still not serving after
 # the 420 s this once was (warm-up 3.5 min, graphs captured at 5.4 min).
-SERVER_TIMEOUT_S = "900"
+SERVER_TIMEOUT_S = 900.0
 METRICS = ["output_throughput", "total_token_throughput", "request_throughput",
            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms"]

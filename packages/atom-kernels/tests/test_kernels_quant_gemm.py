@@ -131,6 +131,14 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
 
 
+def test_fp8_gemm_over_no_columns_is_the_bias():
+    a, b = torch.empty(3, 0, device=DEVICE).to(FP8), torch.empty(5, 0, device=DEVICE).to(FP8)
+    bias = rand(5)
+    out = gemm._launch_fp8_gemm(a, b, torch.ones(3, 1, device=DEVICE), torch.ones(5, device=DEVICE),
+                                torch.float32, bias, False, 128)
+    torch.testing.assert_close(out, bias.expand(3, 5), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "tiles, k_steps, min_steps, want",
     [(9, 56, 6, 9), (64, 96, 6, 5), (96, 32, 6, 3), (80, 16, 12, 1), (384, 32, 6, 1), (132, 128, 6, 1),

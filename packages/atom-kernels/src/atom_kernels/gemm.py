@@ -285,8 +285,8 @@ def _launch_fp8_gemm(
     k_steps = triton.cdiv(k, config["BLOCK_K"])
     if split_k is None:
         split_k = _split_k(tiles, k_steps, min_steps, a.device)
-    steps_per_split = triton.cdiv(k_steps, max(1, min(split_k, k_steps)))
-    split_k = triton.cdiv(k_steps, steps_per_split)  # no empty split
+    steps_per_split = max(1, triton.cdiv(k_steps, max(1, min(split_k, k_steps))))
+    split_k = max(1, triton.cdiv(k_steps, steps_per_split))  # no empty split (one program a tile at K = 0)
     partial = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device) if split_k > 1 else None
     _fp8_gemm_kernel[(tiles, split_k)](
         a,
