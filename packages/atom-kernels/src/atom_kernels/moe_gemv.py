@@ -1,9 +1,9 @@
 """The fused MoE's GEMMs for a few tokens with MXFP4 experts, as matrix-vector products.
 
 At one to a few tokens a routed entry (token, k) meets its expert's weights alone: the tiled GEMMs
-(:mod:`atom_kernels.moe`) then pad each entry to a 16-row block, sort the entries by expert first, and
+(:mod:`atom_kernels.moe`) then pad each entry to a 16-row block, sort the entries by expert, and
 upcast every weight tile for the tensor cores. Here one program takes one entry and BLOCK_N output
-columns, reads the packed rows straight from the entry's expert (no sort), and multiplies on the
+columns, reads the packed rows straight from the entry's expert (no sort) and multiplies on the
 CUDA cores: per byte two e2m1 decodes (bit moves into an fp16, :func:`e2m1_to_float_scaled`) and two
 FMAs; each 32-value block's partial sum is scaled once. A tuned config with ``"GEMV": true`` selects
 this path (:func:`atom_kernels.moe.run_fused_moe`).
@@ -21,7 +21,7 @@ from atom_kernels.activation import apply_gated_activation
 from atom_kernels.moe_reduce import sum_expert_rows
 from atom_kernels.mxfp4 import MXFP4_BLOCK, e8m0_to_float
 
-# e2m1_to_float_scaled's values are 2 ** -14 times the e2m1 values.
+# e2m1_to_float_scaled gives 2 ** -14 times e2m1's values.
 E2M1_FP16_SCALE: tl.constexpr = tl.constexpr(2.0**14)
 
 

@@ -98,19 +98,6 @@ def per_group_quant_fp8_torch(
 
 
 @triton.jit
-def _divide_nonzero(x, scale):
-    """``x / scale`` rounded as IEEE division (``tl.div_rn``), zeros kept as they are (signed) without
-    dividing, which gives the same bits. Why: on an H200 the quantization cost more the more of a
-    program's rows were masked (zeros): quantization launch + GEMM minus the GEMM alone came to 5.9 /
-    4.0 / 2.2 us at 1 / 16 / 64 rows of 32-row programs (Qwen3-8B's o_proj, fp8-gemm-h200.json[06ddc6f]
-    against fp8-h200.json[split-k], two leases), and the GEMM quantizing its own 16-row tiles took 2.2x as long at
-    1 row as at 16 (fp8-h200.json[dense-quant-in-gemm]): the division's slow path, by all signs.
-    Not yet timed with this guard."""
-    zero = x == 0
-    return tl.where(zero, x, tl.div_rn(tl.where(zero, 1.0, x), tl.where(zero, 1.0, scale)))
-
-
-@triton.jit
 def quantize_fp8_groups(x, GROUP: tl.constexpr, fp8_max, min_amax):
     """Dynamic quantisation of a fp32 tile [R, C] in groups of GROUP columns (C a multiple of GROUP,
     both powers of two): (q [R, C] clamped to the fp8 range, not yet converted; scale [R, C // GROUP]).
@@ -119,7 +106,7 @@ def quantize_fp8_groups(x, GROUP: tl.constexpr, fp8_max, min_amax):
     C: tl.constexpr = x.shape[1]
     groups = tl.reshape(x, (R, C // GROUP, GROUP))
     scale = tl.div_rn(tl.maximum(tl.max(tl.abs(groups), axis=2), min_amax), fp8_max)
-    q = tl.clamp(_divide_nonzero(groups, scale[:, :, None]), -fp8_max, fp8_max)
+    q = tl.clamp(tl.div_rn(groups, scale[:, :, None]), -fp8_max, fp8_max)
     return tl.reshape(q, (R, C)), scale
 
 
@@ -141,12 +128,19 @@ def _quant_fp8_kernel(
     min_amax,
     GROUP: tl.constexpr,
     STATIC_SCALE: tl.constexpr,
+    MASKED_FILL: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
     """One program quantises BLOCK_R rows x one group of GROUP channels (GROUP = K: per token).
 
     With STATIC_SCALE the scale is read (one per tensor); otherwise computed and written.
+    MASKED_FILL: the value masked elements load as, 1.0 where only whole rows can be masked (their
+    results are never stored), else 0.0. Why: dividing the zeros of a masked row by its tiny scale
+    takes, by all signs, the IEEE division's slow path; on an H200, rms_norm + per_group_quant_fp8 of
+    one 4096-wide row (32-row programs, 31 rows masked) took 7.8 us with zero fill, 4.0 with ones, the
+    same at 64 rows and up; selects keeping zeros from every division did as well at one row but took
+    up to 1.6x the time at prefill sizes (benchmarks/kernels/experiments/fp8-h200.json[quant-zero-guard]).
     """
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     group = tl.program_id(1)
@@ -154,7 +148,9 @@ def _quant_fp8_kernel(
     mask = (
         (rows < num_rows)[:, None] & (cols < K)[None, :] & (tl.arange(0, BLOCK_G) < GROUP)[None, :]
     )
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
+    x = tl.load(
+        x_ptr + rows.to(tl.int64)[:, None] * x_stride + cols[None, :], mask=mask, other=MASKED_FILL
+    )
     x = x.to(tl.float32)
     # div_rn: IEEE division, as torch divides (a plain / is approximate on the GPU), so the GPU's
     # scales and fp8 values match the reference bit for bit.
@@ -164,7 +160,7 @@ def _quant_fp8_kernel(
         scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), min_amax), fp8_max)
         num_groups = tl.num_programs(1)
         tl.store(scale_ptr + rows.to(tl.int64) * num_groups + group, scale, mask=rows < num_rows)
-    q = tl.clamp(_divide_nonzero(x, scale[:, None]), -fp8_max, fp8_max)
+    q = tl.clamp(tl.div_rn(x, scale[:, None]), -fp8_max, fp8_max)
     tl.store(
         q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
         q.to(q_ptr.dtype.element_ty),
@@ -210,6 +206,7 @@ def _launch_quant(
         MIN_AMAX,
         GROUP=group,
         STATIC_SCALE=static_scale is not None,
+        MASKED_FILL=1.0 if block_g == group and k % group == 0 else 0.0,
         BLOCK_R=block_r,
         BLOCK_G=block_g,
         num_warps=4 if block_r * block_g <= 4096 else 8,
