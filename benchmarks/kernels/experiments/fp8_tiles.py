@@ -1,47 +1,72 @@
-"""fp8 GEMM tiles (token x channel and 128x128 block-scaled) at Qwen3-8B gate_up shapes."""
+"""Tiles of the block-FP8 Triton GEMM at decode rows, each with split counts, against the shipped tiles.
+
+    PYTHONPATH=packages/atom-kernels/src python3 fp8_tiles.py OUT.json
+
+Why: at 16-64 rows the shipped tiles are 64 output columns wide, so every program reads its rows of
+the activations once per 64 columns: at Qwen3-8B's qkv_proj and 64 rows as many bytes from L2 as the
+weights themselves. There the GEMM took 1.13-1.85x the time of vLLM's DeepGEMM path
+(``results/fp8-gemm-h200.json[fad0aae]``). Every (BLOCK_M, BLOCK_N, warps) below at 16, 32 and 64
+rows, split K as the shipped rule picks it (``auto``) and forced to 1, 2 and 4, through
+``gemm._launch_fp8_gemm(config=...)``; activations already quantized, random fp8 values and scales,
+CUDA-graph timings (us), each output against the shipped tiles' (``max_rel_diff``).
+The earlier ``fp8-h200.json[tiles]`` (128 and 8192 rows at Qwen3-8B's gate_up) came from this file's
+version of d40db6b.
+"""
+
 import itertools
 import json
 import os
+import sys
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
-from vllm import _custom_ops as ops
 
-from atom_kernels import gemm as g
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_scales_ahead import scales, us  # noqa: E402
 
-torch.manual_seed(0)
-t = lambda fn: do_bench_cudagraph(fn, rep=40, return_mode="median") * 1e3
-N, K = 24576, 4096
-b = (torch.randn(N, K, device="cuda") * 0.05).to(torch.float8_e4m3fn)
-res = []
-for m in (128, 8192):
-    a = (torch.randn(m, K, device="cuda")).to(torch.float8_e4m3fn)
-    sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(N, 1, device="cuda") + 0.5
-    sab, sbb = torch.rand(m, K // 128, device="cuda") + 0.5, torch.rand(N // 128, K // 128, device="cuda") + 0.5
-    out = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)
-    cut = t(lambda: ops.cutlass_scaled_mm(a, b.t(), sa, sb.view(1, -1), torch.bfloat16))
-    ref_tc = g.fp8_scaled_mm_triton(a, b, sa, sb)
-    ref_bs = g.fp8_block_scaled_mm_triton(a, b, sab, sbb)
-    for bs in (False, True):
-        cur = t(lambda: g.fp8_block_scaled_mm_triton(a, b, sab, sbb) if bs else g.fp8_scaled_mm_triton(a, b, sa, sb))
-        row = {"m": m, "block_scaled": bs, "current_us": cur, "cutlass_tc_us": cut, "configs": {}}
-        for bm, bn, bk, w, st in itertools.product((64, 128), (128, 256), (128,), (4, 8), (3, 4, 5)):
-            if (bm + bn) * bk * st > 220 * 1024 or (bm == 64 and w == 8 and bn == 128):
-                continue
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=st)
-            grid = (triton.cdiv(m, bm) * triton.cdiv(N, bn),)
-            sa_, sb_ = (sab, sbb) if bs else (sa, sb)
-            launch = lambda: g._fp8_gemm_kernel[grid](a, b, out, sa_, sb_, None, m, N, K, a.stride(0), b.stride(0),
-                out.stride(0), sa_.stride(0) if bs else 0, sb_.stride(0) if bs else 0, A_PER_ROW=True, B_PER_ROW=True,
-                BLOCK_SCALED=bs, SCALE_BLOCK=128, HAS_BIAS=False, **cfg)
-            try:
-                launch(); torch.cuda.synchronize()
-                ok = torch.allclose(out.float(), (ref_bs if bs else ref_tc).float(), rtol=2e-2, atol=1e-1)
-                row["configs"][f"{bm}x{bn}x{bk} w{w} s{st}"] = (t(launch), ok)
-            except Exception as e:  # noqa: BLE001
-                row["configs"][f"{bm}x{bn}x{bk} w{w} s{st}"] = (float("inf"), str(e)[:80])
-        best = sorted(row["configs"].items(), key=lambda kv: kv[1][0])[:4]
-        print(f"m={m} block_scaled={bs} current {cur:.1f} cutlass(tc) {cut:.1f} best {best}", flush=True)
-        res.append(row)
-json.dump(res, open(os.path.join(os.environ.get("OUT", "/tmp"), "fp8-tiles.json"), "w"), indent=1)
+from atom_kernels import gemm  # noqa: E402
+
+SHAPES = {
+    "qwen3-8b qkv": (6144, 4096), "qwen3-8b o": (4096, 4096), "qwen3-8b gate_up": (24576, 4096),
+    "qwen3-8b down": (4096, 12288), "qwen3-30b qkv": (5120, 2048), "v3 q_b": (24576, 1536), "v3 o": (7168, 16384),
+}
+ROWS = (16, 32, 64)
+TILES = list(itertools.product((16, 32, 64), (64, 128, 256), (4, 8)))  # BLOCK_M, BLOCK_N, num_warps
+SPLITS = (None, 1, 2, 4)
+# The fewest K steps a split may have, per BLOCK_M, as the shipped rule takes them (32: between).
+MIN_STEPS = {16: 6, 32: 8, 64: 12}
+FP8 = torch.float8_e4m3fn
+
+
+def main(out_path: str) -> None:
+    torch.manual_seed(0)
+    columns = ["shape", "m", "block_m", "block_n", "warps", "split", "us", "max_rel_diff"]
+    out = {"device": torch.cuda.get_device_name(), "columns": columns, "rows": [], "shipped": []}
+    for name, (n, k) in SHAPES.items():
+        b = (torch.randn(n, k, device="cuda") * 0.05).to(FP8)
+        b_scale = scales(triton.cdiv(n, 128), k // 128)
+        for m in ROWS:
+            a, a_scale = torch.randn(m, k, device="cuda").to(FP8), scales(m, k // 128)
+
+            def run(config=None, split=None, dtype=torch.bfloat16):
+                return gemm._launch_fp8_gemm(a, b, a_scale, b_scale, dtype, None, True, 128, split, config)
+
+            shipped = run(dtype=torch.float32)
+            out["shipped"].append([name, m, us(run)])
+            for (block_m, block_n, warps), split in itertools.product(TILES, SPLITS):
+                config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 128, "GROUP_M": 8,
+                          "num_warps": warps, "num_stages": 4, "split_min_steps": MIN_STEPS[block_m]}
+                try:
+                    diff = ((run(config, split, torch.float32) - shipped).abs().max() / shipped.abs().max()).item()
+                    time = us(lambda: run(config, split))
+                except triton.runtime.errors.OutOfResources:  # shared memory of the larger tiles
+                    diff = time = float("inf")
+                out["rows"].append([name, m, block_m, block_n, warps, split or "auto", time, float(f"{diff:.1e}")])
+            best = min((r for r in out["rows"] if r[:2] == [name, m]), key=lambda r: r[6])
+            print(name, m, "shipped", out["shipped"][-1][2], "best", best, flush=True)
+            with open(out_path, "w") as f:
+                json.dump(out, f, separators=(",", ":"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "fp8-tiles.json")

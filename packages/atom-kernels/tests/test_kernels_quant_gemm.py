@@ -131,6 +131,23 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tile", [(16, 128, 4), (32, 64, 4), (64, 256, 8)])
+def test_fp8_block_gemm_with_other_tiles(tile):
+    """Tiles given in place of _gemm_config's compute the same product."""
+    m, n, k = 40, 320, 640
+    (a, _), (b, _) = quantized(m, k), quantized(n, k)
+    a_scale = (torch.rand(m, k // 128) + 0.5).to(DEVICE) / 100
+    b_scale = (torch.rand(-(-n // 128), k // 128) + 0.5).to(DEVICE) / 100
+    block_m, block_n, warps = tile
+    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, GROUP_M=8, num_warps=warps, num_stages=3,
+                  split_min_steps=2)
+    shipped, tiled = (
+        gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.float32, None, True, 128, config=c)
+        for c in (None, config)
+    )
+    torch.testing.assert_close(tiled, shipped, rtol=1e-5, atol=1e-5)
+
+
 def test_fp8_gemm_over_no_columns_is_the_bias():
     a, b = torch.empty(3, 0, device=DEVICE).to(FP8), torch.empty(5, 0, device=DEVICE).to(FP8)
     bias = rand(5)

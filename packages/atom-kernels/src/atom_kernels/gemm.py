@@ -258,8 +258,10 @@ def _launch_fp8_gemm(
     block_scaled: bool,
     scale_block: int,
     split_k: int | None = None,
+    config: dict[str, int] | None = None,
 ) -> torch.Tensor:
-    """``split_k`` None: chosen by :func:`_split_k`; a number (experiments, tests) forces it."""
+    """``split_k`` None: chosen by :func:`_split_k`; a number (experiments, tests) forces it. ``config``
+    None: :func:`_gemm_config`'s tiles; a dict of its keys (experiments, tests) replaces them."""
     check_same_device(a=a, b=b, a_scale=a_scale, b_scale=b_scale, bias=bias)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(
@@ -273,7 +275,7 @@ def _launch_fp8_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    config = _gemm_config(m)
+    config = dict(config or _gemm_config(m))
     min_steps = config.pop("split_min_steps")
     if block_scaled:
         config["BLOCK_K"] = min(config["BLOCK_K"], scale_block)
