@@ -3,9 +3,10 @@ it replaces (the op, then ``per_group_quant_fp8`` or ``per_token_quant_fp8``).
 
     python benchmarks/kernels/bench_fp8_fusion.py --out fp8-fusion.json [--rows 1,16,...] [--rep 100]
 
-At Qwen3-8B's widths (hidden 4096, intermediate 12288, TP 1), for decode-sized (1 to 256) and
-prefill-sized (4096 to 16384) row counts, and for both activation quantisations ATOM fuses (per
-128-channel group: block FP8; per token: per-channel FP8), one row per pair:
+At Qwen3-8B's widths unless --hidden / --intermediate say otherwise (hidden 4096, intermediate 12288,
+TP 1), for decode-sized (1 to 256) and prefill-sized (4096 to 16384) row counts, and for both
+activation quantisations ATOM fuses (per 128-channel group: block FP8; per token: per-channel FP8),
+one row per pair:
 
 - ``rms_norm``: ``rms_norm_quant_fp8`` vs ``rms_norm`` + quant (a layer's first input norm);
 - ``fused_add_rms_norm``: ``fused_add_rms_norm_quant_fp8`` vs ``fused_add_rms_norm`` + quant (every
@@ -39,17 +40,17 @@ def unfused_quant(ak, y: torch.Tensor, group: int | None):
     return ak.per_token_quant_fp8(y) if group is None else ak.per_group_quant_fp8(y, group)
 
 
-def pairs(ak, rand, rows: int, group: int | None):
+def pairs(ak, rand, rows: int, group: int | None, hidden: int, intermediate: int):
     """(op, width, fused, unfused) for one row count and quantisation; each returns (q, scale, ...)."""
-    x, residual, weight = rand(rows, HIDDEN), rand(rows, HIDDEN), rand(HIDDEN)
-    gate_up = rand(rows, 2 * INTERMEDIATE)
-    yield ("rms_norm", HIDDEN,
+    x, residual, weight = rand(rows, hidden), rand(rows, hidden), rand(hidden)
+    gate_up = rand(rows, 2 * intermediate)
+    yield ("rms_norm", hidden,
            lambda: ak.rms_norm_quant_fp8(x, weight, EPS, group),
            lambda: unfused_quant(ak, ak.rms_norm(x, weight, EPS), group))
-    yield ("fused_add_rms_norm", HIDDEN,
+    yield ("fused_add_rms_norm", hidden,
            lambda: ak.fused_add_rms_norm_quant_fp8(x, residual, weight, EPS, group),
            lambda: unfused_quant(ak, ak.fused_add_rms_norm(x, residual, weight, EPS)[0], group))
-    yield ("silu_and_mul", INTERMEDIATE,
+    yield ("silu_and_mul", intermediate,
            lambda: ak.silu_and_mul_quant_fp8(gate_up, group),
            lambda: unfused_quant(ak, ak.silu_and_mul(gate_up), group))
 
@@ -64,6 +65,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("fp8-fusion.json"))
     parser.add_argument("--rows", default=",".join(map(str, DECODE_ROWS + PREFILL_ROWS)),
                         help="comma-separated row (token) counts")
+    # Narrower norms pack several rows a program (masked at decode sizes): Qwen3-30B-A3B 2048 / 768.
+    parser.add_argument("--hidden", type=int, default=HIDDEN)
+    parser.add_argument("--intermediate", type=int, default=INTERMEDIATE)
     parser.add_argument("--rep", type=int, default=100, help="milliseconds of timed repetitions per kernel")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -75,7 +79,7 @@ def main() -> None:
     report = {
         "device": torch.cuda.get_device_name(),
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__},
-        "model": {"hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE},
+        "model": {"hidden_size": args.hidden, "intermediate_size": args.intermediate},
         "backends": ak.backend_report("cuda"),
         "results": [],
     }
@@ -84,7 +88,7 @@ def main() -> None:
           f"{'speedup':>8} {'eager':>6} same codes   (graph-replay times; eager = speedup of eager times)")
     for rows in map(int, args.rows.split(",")):
         for quant, group in QUANTS.items():
-            for op, width, fused, unfused in pairs(ak, rand, rows, group):
+            for op, width, fused, unfused in pairs(ak, rand, rows, group, args.hidden, args.intermediate):
                 fused_times, unfused_times = time_kernel(fused, args.rep), time_kernel(unfused, args.rep)
                 row = {
                     "op": op, "quant": quant, "rows": rows, "width": width,
