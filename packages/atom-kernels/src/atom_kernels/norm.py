@@ -3,7 +3,8 @@
 The ``*_quant_fp8`` variants emit the normed rows as dynamic fp8 for the next FP8 GEMM instead:
 per token and ``group_size``-channel group (block FP8), or per token (``group_size`` None). They
 round the normed value to the input dtype before quantising, as the unfused norm stores it, so
-their fp8 codes and scales are those of the norm followed by :mod:`atom_kernels.quant`.
+their fp8 codes and scales are those of the norm followed by :mod:`atom_kernels.quant` (on an H200
+not always for ``rms_norm_quant_fp8`` at 128+ rows, not yet explained: docs/quantization.md).
 """
 
 from __future__ import annotations
