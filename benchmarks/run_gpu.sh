@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline
+# fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline
 # hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests;
 # on 4 GPUs: mla-tp4-checkpoint-offline flagship-serving (not in the default list; flagship-serving
 # runs at FLAGSHIP_TP GPUs, 4 by default).
@@ -12,7 +12,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape.
@@ -227,7 +227,13 @@ for step in $steps; do
                       "$here/../packages/atom-vllm/tests/test_mla_fa3_gpu.py" -q -p no:cacheprovider \
                       > "$out/vllm-gpu-tests.log" 2>&1; tail -1 "$out/vllm-gpu-tests.log" ;;
     fp8-gemm) python3 "$here/kernels/bench_fp8_gemm.py" --out "$out/fp8-gemm.json" ;;
-    fp8-fusion) python3 "$here/kernels/bench_fp8_fusion.py" --out "$out/fp8-fusion.json" ;;
+    # Also at Qwen3-30B-A3B's widths, whose 2048-wide norms pack two rows a program.
+    fp8-fusion) python3 "$here/kernels/bench_fp8_fusion.py" --out "$out/fp8-fusion.json"
+                python3 "$here/kernels/bench_fp8_fusion.py" --hidden 2048 --intermediate 768 --rows 1,16,64,256 \
+                  --out "$out/fp8-fusion-2048.json" ;;
+    # Block-FP8 GEMM tiles at 16-64 rows (kernel only; about 3 minutes).
+    fp8-decode-tiles) PYTHONPATH="$here/../packages/atom-kernels/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/kernels/experiments/fp8_tiles.py" \
+                        "$out/fp8-decode-tiles.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
