@@ -232,8 +232,7 @@ for step in $steps; do
                 python3 "$here/kernels/bench_fp8_fusion.py" --hidden 2048 --intermediate 768 --rows 1,16,64,256 \
                   --out "$out/fp8-fusion-2048.json" ;;
     # Block-FP8 GEMM tiles at 16-64 rows (kernel only; not yet run, 1512 timings).
-    fp8-decode-tiles) PYTHONPATH="$here/../packages/atom-kernels/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/kernels/experiments/fp8_tiles.py" \
-                        "$out/fp8-decode-tiles.json" ;;
+    fp8-decode-tiles) python3 "$here/kernels/experiments/fp8_tiles.py" "$out/fp8-decode-tiles.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -1,3 +1,5 @@
+import functools
+
 import pytest
 import torch
 from kernel_testing import DEVICE, assert_close, backends, float_dtypes, impl, library_backends, rand
@@ -133,19 +135,15 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
 
 @pytest.mark.parametrize("tile", [(16, 128, 4), (32, 64, 4), (64, 256, 8)])
 def test_fp8_block_gemm_with_other_tiles(tile):
-    """Tiles given in place of _gemm_config's compute the same product."""
-    m, n, k = 40, 320, 640
-    (a, _), (b, _) = quantized(m, k), quantized(n, k)
-    a_scale = (torch.rand(m, k // 128) + 0.5).to(DEVICE) / 100
-    b_scale = (torch.rand(-(-n // 128), k // 128) + 0.5).to(DEVICE) / 100
-    block_m, block_n, warps = tile
-    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, GROUP_M=8, num_warps=warps, num_stages=3,
+    """Tiles given in place of _gemm_config's are used and give the same product."""
+    (a, _), (b, _) = quantized(40, 640), quantized(320, 640)
+    a_scale, b_scale = ((torch.rand(rows, 5) + 0.5).to(DEVICE) / 100 for rows in (40, 3))
+    config = dict(BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=128, GROUP_M=8, num_warps=tile[2], num_stages=3,
                   split_min_steps=2)
-    shipped, tiled = (
-        gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.float32, None, True, 128, config=c)
-        for c in (None, config)
-    )
-    torch.testing.assert_close(tiled, shipped, rtol=1e-5, atol=1e-5)
+    run = functools.partial(gemm._launch_fp8_gemm, a, b, a_scale, b_scale, torch.float32, None, True, 128)
+    torch.testing.assert_close(run(config=config), run(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        run(config={**config, "BLOCK_K": 96})
 
 
 def test_fp8_gemm_over_no_columns_is_the_bias():

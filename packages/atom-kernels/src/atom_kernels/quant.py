@@ -138,9 +138,9 @@ def _quant_fp8_kernel(
     MASKED_FILL: the value masked elements load as, 1.0 where only whole rows can be masked (their
     results are never stored), else 0.0. Why: dividing the zeros of a masked row by its tiny scale
     takes, by all signs, the IEEE division's slow path; on an H200, rms_norm + per_group_quant_fp8 of
-    one 4096-wide row (32-row programs, 31 rows masked) took 7.8 us with zero fill, 4.0 with ones, the
-    same at 64 rows and up; selects keeping zeros from every division did as well at one row but took
-    up to 1.6x the time at prefill sizes (benchmarks/kernels/experiments/fp8-h200.json[quant-zero-guard]).
+    one 4096-wide row (32-row programs, 31 rows masked) took 7.8 us with zero fill, 4.0 with ones, and
+    as long with either from 64 rows; selects keeping zeros from every division did as well at one row
+    but took up to 1.6x the time at prefill sizes (benchmarks/kernels/experiments/fp8-h200.json[quant-zero-guard]).
     """
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     group = tl.program_id(1)
@@ -206,7 +206,7 @@ def _launch_quant(
         MIN_AMAX,
         GROUP=group,
         STATIC_SCALE=static_scale is not None,
-        MASKED_FILL=1.0 if block_g == group and k % group == 0 else 0.0,
+        MASKED_FILL=1.0 if block_g == group else 0.0,  # groups tile K (checked): only rows are masked
         BLOCK_R=block_r,
         BLOCK_G=block_g,
         num_warps=4 if block_r * block_g <= 4096 else 8,
