@@ -135,13 +135,16 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
 
 @pytest.mark.parametrize("tile", [(16, 128, 4), (32, 64, 4), (64, 256, 8)])
 def test_fp8_block_gemm_with_other_tiles(tile):
-    """Tiles given in place of _gemm_config's are used and give the same product."""
+    """Tiles given in place of _gemm_config's are used and give the same product: to 1e-3 of the
+    largest output on a GPU, where other tiles take other MMA instructions and split K otherwise
+    (FP8 MMAs accumulate with reduced precision on Hopper: 2e-4 seen on an H200); exact on the CPU."""
     (a, _), (b, _) = quantized(40, 640), quantized(320, 640)
     a_scale, b_scale = ((torch.rand(rows, 5) + 0.5).to(DEVICE) / 100 for rows in (40, 3))
     config = dict(BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=128, GROUP_M=8, num_warps=tile[2], num_stages=3,
                   split_min_steps=2)
     run = functools.partial(gemm._launch_fp8_gemm, a, b, a_scale, b_scale, torch.float32, None, True, 128)
-    torch.testing.assert_close(run(config=config), run(), rtol=1e-5, atol=1e-5)
+    shipped = run()
+    assert (run(config=config) - shipped).abs().max() <= 1e-3 * shipped.abs().max()
     with pytest.raises(ValueError, match="multiple of 128"):
         run(config={**config, "BLOCK_K": 96})
 
