@@ -127,23 +127,28 @@ def _rms_norm_kernel(
     min_amax,
     HAS_RESIDUAL: tl.constexpr,
     QUANT_GROUP: tl.constexpr,
+    MASKED_FILL: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Rows are addressed as (outer, inner) so that a strided [T, H, D] view (QK-norm on a slice of the
     # fused qkv output) is read in place. Outputs are contiguous [num_rows, N]. With QUANT_GROUP > 0
-    # y_ptr takes the fp8 codes and scale_ptr [num_rows, num_groups] their scales.
+    # y_ptr takes the fp8 codes and scale_ptr [num_rows, num_groups] their scales. MASKED_FILL: what
+    # masked elements load as, 1.0 where only whole rows are masked and quantised (as in
+    # atom_kernels.quant, whose docstring says why: a masked row of zeros takes the IEEE division's slow
+    # path); a fused norm of one 2048-wide row (two rows a program) took 4.1 us against 2.4 at 16 rows on
+    # an H200 (benchmarks/kernels/experiments/fp8-h200.json[fusion-ef17d92]).
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < num_rows
     mask = row_mask[:, None] & (cols < N)[None, :]
     outer, inner = rows // inner_rows, rows % inner_rows
     x_offs = (outer * x_stride_outer + inner * x_stride_inner)[:, None] + cols[None, :]
-    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + x_offs, mask=mask, other=MASKED_FILL).to(tl.float32)
     out_offs = rows[:, None] * N + cols[None, :]
     if HAS_RESIDUAL:
         r_offs = (outer * r_stride_outer + inner * r_stride_inner)[:, None] + cols[None, :]
-        r = tl.load(res_ptr + r_offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + r_offs, mask=mask, other=MASKED_FILL).to(tl.float32)
         summed = (x + r).to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + out_offs, summed, mask=mask)
         x = summed.to(tl.float32)
@@ -233,6 +238,7 @@ def _launch_rms_norm(
             MIN_AMAX,
             HAS_RESIDUAL=residual is not None,
             QUANT_GROUP=quant_group,
+            MASKED_FILL=1.0 if fp8 is not None and n == block_n else 0.0,
             BLOCK_R=block_r,
             BLOCK_N=block_n,
             num_warps=num_warps,
