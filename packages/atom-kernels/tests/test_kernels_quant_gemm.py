@@ -72,7 +72,7 @@ def test_per_tensor_quant_fp8(backend, dtype, static):
 
 
 def quantized(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random fp8 values with per-row scales (the GEMM inputs need not come from our quantiser)."""
+    """Random fp8 values with per-row scales (GEMM inputs need not be our quantizer's)."""
     return rand(rows, cols, scale=40.0).to(FP8), (torch.rand(rows, 1) + 0.5).to(DEVICE) / 100
 
 
@@ -135,9 +135,7 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
 
 @pytest.mark.parametrize("tile", [(16, 128, 4), (32, 64, 4), (64, 256, 8)])
 def test_fp8_block_gemm_with_other_tiles(tile):
-    """Tiles given in place of _gemm_config's are used and give the same product: to 1e-3 of the
-    largest output on a GPU, where other tiles take other MMA instructions and split K otherwise
-    (FP8 MMAs accumulate with reduced precision on Hopper: 2e-4 seen on an H200); exact on the CPU."""
+    """Given tiles are used and give the same product (GPU: within 1e-3 of the largest value)."""
     (a, _), (b, _) = quantized(40, 640), quantized(320, 640)
     a_scale, b_scale = ((torch.rand(rows, 5) + 0.5).to(DEVICE) / 100 for rows in (40, 3))
     config = dict(BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=128, GROUP_M=8, num_warps=tile[2], num_stages=3,
@@ -163,13 +161,13 @@ def test_fp8_gemm_over_no_columns_is_the_bias():
      (4, 6, 8, 1)],
 )
 def test_split_k_fills_the_gpu(tiles, k_steps, min_steps, want):
-    """Splits give about two programs per SM (132 on CPU), each with at least ``min_steps`` K steps."""
+    """About two programs an SM (132 on CPU), each split at least ``min_steps`` K steps."""
     assert gemm._split_k(tiles, k_steps, min_steps, torch.device("cpu")) == want
 
 
 @backends
 def test_quantise_then_gemm_approximates_bf16_matmul(backend):
-    """End to end: per-group activations x 128x128-block weights ~ the unquantised product."""
+    """Per-group activations x 128x128-block weights ~ the unquantized product."""
     x, w = rand(16, 512, dtype=torch.bfloat16), rand(256, 512, dtype=torch.bfloat16)
     x_q, x_scale = impl("per_group_quant_fp8", backend)(x)
     blocks = w.float().view(2, 128, 4, 128)
