@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/performance.md, native vLLM against vLLM + ATOM on this GPU.
 #   bash benchmarks/run_gpu.sh OUT_DIR [STEP ...]
 # STEPs (default: all, in this order): kernel-tests offline serving profile compile mla kernels sweep tune
-# fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline
+# fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile mla-serving serving-ttft hybrid-offline
 # hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests;
 # on 4 GPUs: mla-tp4-checkpoint-offline flagship-serving (not in the default list; flagship-serving
 # runs at FLAGSHIP_TP GPUs, 4 by default).
@@ -12,7 +12,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape.
@@ -134,6 +134,9 @@ for step in $steps; do
                               profile_source deepseek-v2-lite-lone-prefill --checkpoint "$tmp/ckpt" \
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0
                               rm -rf "$tmp" ;;
+    # The same for Qwen3-8B-FP8 (dummy weights), whose TTFT at one request was 17 ms longer with ATOM.
+    fp8-lone-prefill-profile) profile_source qwen3-8b-fp8-lone-prefill --config "$here/models/qwen3-8b-fp8.json" \
+                                --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # MLA serving latency (issue 19), on one random V2-Lite checkpoint: greedy tokens of prompts served
