@@ -27,7 +27,7 @@ from atom_kernels.quant import (
     quantize_fp8_groups,
 )
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, next_pow2
 
 
 @define_op
@@ -194,7 +194,7 @@ def launch_gated_activation(
     if out.numel() == 0:
         return out if fp8 is None else (out, scale)
     num_warps = max(1, min(8, block * x.element_size() // (32 * 16)))
-    grid = (rows.shape[0], triton.cdiv(d, block))
+    grid = (rows.shape[0], cdiv(d, block))
     _gated_activation_kernel[grid](
         rows,
         out,

@@ -23,6 +23,7 @@ from atom_kernels import prefill_attention
 from atom_kernels.cache import check_cache_scale, from_cache_dtype, is_fp8_cache
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
+    cdiv,
     check_last_dim_contiguous,
     check_same_device,
     dot_precision,
@@ -658,7 +659,7 @@ def launch_attention(
         lse = None
         target, o_strides = out, (out.stride(0), out.stride(1), 0)
     block_q = block_m // heads
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads * triton.cdiv(group, heads), num_splits)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads * cdiv(group, heads), num_splits)
     _attention_kernel[grid](
         q,
         k,
@@ -769,9 +770,9 @@ def choose_num_splits(
     target = 2 * sm_count(device)
     if programs >= target:
         return 1
-    splits = min(64, next_pow2(triton.cdiv(target, programs)))
+    splits = min(64, next_pow2(cdiv(target, programs)))
     if max_seq_len is not None:
-        splits = min(splits, next_pow2(max(1, triton.cdiv(max_seq_len, 4 * tile))))
+        splits = min(splits, next_pow2(max(1, cdiv(max_seq_len, 4 * tile))))
     return splits
 
 
@@ -802,7 +803,7 @@ def paged_attention_triton(
     decode = q.shape[0] == num_seqs
     if num_splits is None:
         group = q.shape[1] // key_cache.shape[2]
-        programs_per_seq = key_cache.shape[2] * triton.cdiv(group, min(next_pow2(group), 16))
+        programs_per_seq = key_cache.shape[2] * cdiv(group, min(next_pow2(group), 16))
         num_splits = (
             choose_num_splits(num_seqs, programs_per_seq, q.device, max_seq_len) if decode else 1
         )

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
+    cdiv,
     check_last_dim_contiguous,
     check_same_device,
     check_shape,
@@ -540,7 +541,7 @@ def state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2nor
     num_seqs = cu_seqlens.shape[0] - 1
     out = torch.empty(u.shape, dtype=q.dtype, device=q.device)
     block_k, block_v = _block_sizes(head_k_dim, head_v_dim)
-    _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, triton.cdiv(head_v_dim, block_v))](
+    _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, cdiv(head_v_dim, block_v))](
         q, k, g, w, u, out, state, state_slots, cu_seqlens, has_initial_state, num_v_heads // num_k_heads,
         *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
         out.stride(0), state.stride(0), head_k_dim**-0.5, HEAD_K=head_k_dim, HEAD_V=head_v_dim,
@@ -598,7 +599,7 @@ def gated_delta_rule_decode_triton(
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     block_k, block_v = _block_sizes(head_k_dim, head_v_dim)
     if q.shape[0] > 0:
-        _gated_delta_rule_decode_kernel[(q.shape[0], num_v_heads, triton.cdiv(head_v_dim, block_v))](
+        _gated_delta_rule_decode_kernel[(q.shape[0], num_v_heads, cdiv(head_v_dim, block_v))](
             q, k, v, g, beta, out, state, state_slots, num_v_heads // num_k_heads,
             *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], g.stride(0), beta.stride(0),
             out.stride(0), state.stride(0), head_k_dim**-0.5,

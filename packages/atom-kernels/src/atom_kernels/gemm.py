@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, sm_count
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, check_same_device, sm_count
 
 
 @define_op
@@ -245,7 +245,7 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device) -> 
     sms = sm_count(device)
     if tiles >= sms:
         return 1
-    return max(1, min(triton.cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // min_steps))
+    return max(1, min(cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // min_steps))
 
 
 def _launch_fp8_gemm(
@@ -283,12 +283,12 @@ def _launch_fp8_gemm(
             raise ValueError(
                 f"fp8_block_scaled_mm: block_size {scale_block} must be a multiple of 128"
             )
-    tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
-    k_steps = triton.cdiv(k, config["BLOCK_K"])
+    tiles = cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"])
+    k_steps = cdiv(k, config["BLOCK_K"])
     if split_k is None:
         split_k = _split_k(tiles, k_steps, min_steps, a.device)
-    steps_per_split = max(1, triton.cdiv(k_steps, max(1, min(split_k, k_steps))))
-    split_k = max(1, triton.cdiv(k_steps, steps_per_split))  # no empty split (one program a tile at K = 0)
+    steps_per_split = max(1, cdiv(k_steps, max(1, min(split_k, k_steps))))
+    split_k = max(1, cdiv(k_steps, steps_per_split))  # no empty split (one program a tile at K = 0)
     partial = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device) if split_k > 1 else None
     _fp8_gemm_kernel[(tiles, split_k)](
         a,
@@ -317,7 +317,7 @@ def _launch_fp8_gemm(
     )
     if split_k > 1:
         block_n = 1024
-        _split_k_sum_kernel[(m, triton.cdiv(n, block_n))](
+        _split_k_sum_kernel[(m, cdiv(n, block_n))](
             partial, out, bias, m, n, out.stride(0), split_k, HAS_BIAS=bias is not None, BLOCK_N=block_n
         )
     return out
@@ -347,7 +347,7 @@ def fp8_block_scaled_mm_triton(
     block_size: int = 128,
 ) -> torch.Tensor:
     (m, k), n = a.shape, b.shape[0]
-    groups_k, groups_n = triton.cdiv(k, block_size), triton.cdiv(n, block_size)
+    groups_k, groups_n = cdiv(k, block_size), cdiv(n, block_size)
     if a_scale.shape != (m, groups_k) or b_scale.shape != (groups_n, groups_k):
         raise ValueError(
             f"fp8_block_scaled_mm: a_scale {tuple(a_scale.shape)} != ({m}, {groups_k}) or "

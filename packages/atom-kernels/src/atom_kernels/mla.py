@@ -33,7 +33,7 @@ from atom_kernels.attention import (
 from atom_kernels.cache import cache_fp8_max, check_cache_scale, concat_and_cache_mla_torch, is_fp8_cache
 from atom_kernels.registry import define_op
 from atom_kernels.rope import rotate_torch
-from atom_kernels.triton_utils import check_last_dim_contiguous, check_same_device, next_pow2
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, check_same_device, next_pow2
 
 
 @define_op
@@ -126,7 +126,7 @@ def mla_decode_triton(
     heads_per_program = min(16, next_pow2(num_heads))
     if num_splits is None:
         num_splits = choose_num_splits(
-            num_seqs, triton.cdiv(num_heads, heads_per_program), q.device, max_seq_len, tile=32
+            num_seqs, cdiv(num_heads, heads_per_program), q.device, max_seq_len, tile=32
         )
     latent = kv_cache.unsqueeze(2)
     return launch_attention(
@@ -383,7 +383,7 @@ def fused_qk_rope_concat_and_cache_mla_triton(
     if num_tokens == 0:
         return out
     heads = min(16, next_pow2(num_heads))
-    _fused_qk_rope_concat_and_cache_mla_kernel[(num_tokens, triton.cdiv(num_heads, heads))](
+    _fused_qk_rope_concat_and_cache_mla_kernel[(num_tokens, cdiv(num_heads, heads))](
         q_nope,
         q_pe,
         kv_c,
@@ -469,7 +469,7 @@ def concat_mla_k_triton(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tenso
     if num_tokens == 0:
         return out
     heads = min(16, next_pow2(num_heads))
-    _concat_mla_k_kernel[(num_tokens, triton.cdiv(num_heads, heads))](
+    _concat_mla_k_kernel[(num_tokens, cdiv(num_heads, heads))](
         k_nope, k_pe, out,
         k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), out.stride(0), out.stride(1),
         num_heads,

@@ -53,11 +53,7 @@ from atom_kernels.mxfp4 import (
 )
 from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import (
-    check_last_dim_contiguous,
-    dot_precision,
-    interpreting,
-)
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, dot_precision, interpreting
 from atom_kernels.tuned import all_tuned_configs, tuned_config
 
 
@@ -757,7 +753,7 @@ def launch_moe_gemm(
     result = out
     if split_k > 1 and gated:
         out = torch.empty((num_entries * split_k, 2 * n), dtype=torch.float32, device=a.device)
-    grid = (block_expert.shape[0] * triton.cdiv(n, tiles["BLOCK_N"]), split_k)
+    grid = (block_expert.shape[0] * cdiv(n, tiles["BLOCK_N"]), split_k)
     _moe_gemm_kernel[grid](
         a,
         w,

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import next_pow2
+from atom_kernels.triton_utils import cdiv, next_pow2
 
 
 @define_op
@@ -53,7 +53,7 @@ def moe_align_block_size_torch(
 def align_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
     """Rows of the padded sort: every entry plus, per used expert, the padding of its last block."""
     capacity = num_entries + min(num_experts, num_entries) * (block_m - 1)
-    return triton.cdiv(capacity, block_m) * block_m
+    return cdiv(capacity, block_m) * block_m
 
 
 # The Triton sort runs in two launches, each over chunks of CHUNK entries in parallel:
@@ -186,7 +186,7 @@ def moe_align_block_size_triton(
     e_p2 = next_pow2(num_experts)
     # Two chunk sizes only (both compile during an engine's warm-up: decode-sized and max-sized).
     chunk = 1024 if num_entries <= 16384 else 4096
-    num_chunks = max(1, triton.cdiv(num_entries, chunk))
+    num_chunks = max(1, cdiv(num_entries, chunk))
     counts = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
     next_free = torch.empty((num_chunks, e_p2), dtype=torch.int32, device=device)
     run_end = torch.empty((e_p2,), dtype=torch.int32, device=device)
@@ -199,7 +199,7 @@ def moe_align_block_size_triton(
         return sorted_ids, block_expert
 
     def per_program(n: int) -> int:  # n rows split over the programs, in whole chunks
-        return triton.cdiv(triton.cdiv(n, num_chunks), chunk) * chunk
+        return cdiv(cdiv(n, num_chunks), chunk) * chunk
 
     _moe_count_kernel[(num_chunks,)](
         ids, counts, sorted_ids, num_entries, capacity, per_program(capacity), E_P2=e_p2, CHUNK=chunk

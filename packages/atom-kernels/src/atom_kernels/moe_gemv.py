@@ -20,6 +20,7 @@ import triton.language as tl
 from atom_kernels.activation import apply_gated_activation
 from atom_kernels.moe_reduce import sum_expert_rows
 from atom_kernels.mxfp4 import MXFP4_BLOCK, e8m0_to_float
+from atom_kernels.triton_utils import cdiv
 
 # e2m1_to_float_scaled gives 2 ** -14 times e2m1's values.
 E2M1_FP16_SCALE: tl.constexpr = tl.constexpr(2.0**14)
@@ -142,7 +143,7 @@ def launch_mxfp4_gemv(
     if not gated:
         up_offset, step = 0, 1
     tiles = {**tiles, "BLOCK_K": max(tiles["BLOCK_K"], MXFP4_BLOCK)}
-    grid = (out.shape[0], triton.cdiv(n, tiles["BLOCK_N"]))
+    grid = (out.shape[0], cdiv(n, tiles["BLOCK_N"]))
     _mxfp4_gemv_kernel[grid](
         x, w, w_scale, bias, out, expert_ids, topk_weights,
         n, k,

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.activation import apply_gated_activation
-from atom_kernels.triton_utils import next_pow2
+from atom_kernels.triton_utils import cdiv, next_pow2
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def sum_expert_rows(
     width = rows.shape[1]
     out = torch.empty((num_tokens, width), dtype=dtype, device=rows.device)
     block_d = min(1024, next_pow2(width))
-    _sum_rows_kernel[(num_tokens, triton.cdiv(width, block_d))](
+    _sum_rows_kernel[(num_tokens, cdiv(width, block_d))](
         rows, out, width, ROWS=rows_per_token, BLOCK_D=block_d, num_warps=4
     )
     return out
@@ -100,7 +100,7 @@ def reduce_gated_partials(
         raise ValueError("reduce_gated_partials: a bias needs expert_ids")
     entries, n = out.shape
     block_n = min(1024, next_pow2(n))
-    _gated_partials_kernel[(entries, triton.cdiv(n, block_n))](
+    _gated_partials_kernel[(entries, cdiv(n, block_n))](
         partials,
         out,
         bias,

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, next_pow2
 
 MXFP4_BLOCK = 32
 E8M0_BIAS = 127
@@ -180,9 +180,9 @@ def mxfp4_quant_dequant_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    block_k = min(256, triton.next_power_of_2(k))
+    block_k = min(256, next_pow2(k))
     block_r = max(1, 2048 // block_k)
-    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(k, block_k))
+    grid = (cdiv(num_rows, block_r), cdiv(k, block_k))
     _mxfp4_quant_dequant_kernel[grid](rows, out, num_rows, k, rows.stride(0), BLOCK_R=block_r,
                                       BLOCK_K=block_k, num_warps=4)
     return out

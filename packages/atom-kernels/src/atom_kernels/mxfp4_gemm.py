@@ -12,12 +12,11 @@ nothing else is written.
 from __future__ import annotations
 
 import torch
-import triton
 
 from atom_kernels.moe import default_moe_config, launch_moe_gemm
 from atom_kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous
 
 
 @define_op
@@ -67,7 +66,7 @@ def mxfp4_linear_triton(
     # The MoE's built-in tiles for `rows` entries of one expert (no tuned table for these shapes).
     config = default_moe_config(rows, 1)
     block_m = config["BLOCK_M"]
-    row_blocks = triton.cdiv(rows, block_m)
+    row_blocks = cdiv(rows, block_m)
     # Every row block belongs to expert 0; ids past `rows` mark padding, which the kernel skips.
     sorted_ids = torch.arange(row_blocks * block_m, dtype=torch.int32, device=x.device)
     block_expert = torch.zeros(row_blocks, dtype=torch.int32, device=x.device)

@@ -22,7 +22,7 @@ from atom_kernels.quant import (
     quantize_fp8_groups,
 )
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, next_pow2
 
 
 @define_op
@@ -216,7 +216,7 @@ def _launch_rms_norm(
     # The fused add on rows of 4096+ takes 16 warps: 66.7-67.0 vs 67.4-67.6 us at 8192 x 4096; plain
     # RMSNorm keeps 8 (34.7-35.0 vs 38.4 us with 16). bench_kernels.py on H200s, 2026-11.
     num_warps = 16 if residual is not None and block_n >= 4096 else 8 if tile >= 4096 else 4
-    grid = (triton.cdiv(num_rows, block_r),)
+    grid = (cdiv(num_rows, block_r),)
     if num_rows > 0:
         _rms_norm_kernel[grid](
             xr,

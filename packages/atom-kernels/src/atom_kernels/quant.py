@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, next_pow2
 
 FP8_DTYPE = torch.float8_e4m3fn
 # The smallest amax a scale is computed from, so an all-zero row gets a finite scale.
@@ -194,7 +194,7 @@ def _launch_quant(
         return q, scale
     block_g = next_pow2(group)
     block_r = max(1, min(32, 4096 // block_g))
-    grid = (triton.cdiv(num_rows, block_r), triton.cdiv(k, group))
+    grid = (cdiv(num_rows, block_r), cdiv(k, group))
     _quant_fp8_kernel[grid](
         rows,
         q,

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.registry import define_op
-from atom_kernels.triton_utils import check_last_dim_contiguous, next_pow2
+from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, next_pow2
 
 
 @define_op
@@ -214,7 +214,7 @@ def topk_softmax_triton(
         return weights, ids
     e_p2 = next_pow2(num_experts)
     block_t, num_warps = _routing_launch(e_p2, num_tokens, grouped=False)
-    _topk_softmax_kernel[(triton.cdiv(num_tokens, block_t),)](
+    _topk_softmax_kernel[(cdiv(num_tokens, block_t),)](
         router_logits,
         weights,
         ids,
@@ -346,7 +346,7 @@ def grouped_topk_triton(
         return weights, ids
     e_p2 = next_pow2(num_experts)
     block_t, num_warps = _routing_launch(e_p2, num_tokens, grouped=True)
-    _grouped_topk_kernel[(triton.cdiv(num_tokens, block_t),)](
+    _grouped_topk_kernel[(cdiv(num_tokens, block_t),)](
         router_logits,
         e_score_correction_bias,
         weights,

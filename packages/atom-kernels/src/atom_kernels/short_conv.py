@@ -20,6 +20,7 @@ import triton.language as tl
 
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import (
+    cdiv,
     check_last_dim_contiguous,
     check_same_device,
     check_shape,
@@ -337,7 +338,7 @@ def _launch(
     if num_seqs == 0 or x.shape[0] == 0:
         return out
     block_c = min(next_pow2(channels), 128)
-    channel_blocks = triton.cdiv(channels, block_c)
+    channel_blocks = cdiv(channels, block_c)
     common = dict(KERNEL_SIZE=kernel_size, HAS_SLOTS=state_slots is not None)
     block_w = next_pow2(kernel_size - 1)
     if cu_seqlens is None:
@@ -348,7 +349,7 @@ def _launch(
         )
         return out
     prefill_block_c = min(next_pow2(channels), PREFILL_BLOCK_C)
-    _causal_conv1d_prefill_kernel[(x.shape[0] // PREFILL_BLOCK_T + num_seqs, triton.cdiv(channels, prefill_block_c))](
+    _causal_conv1d_prefill_kernel[(x.shape[0] // PREFILL_BLOCK_T + num_seqs, cdiv(channels, prefill_block_c))](
         x, weight, bias, out, conv_state, state_slots, cu_seqlens, has_initial_state, num_seqs, channels,
         x.stride(0), out.stride(0), weight.stride(0), *conv_state.stride(), HAS_BIAS=bias is not None,
         SILU=activation == "silu", BLOCK_T=PREFILL_BLOCK_T, BLOCK_C=prefill_block_c, num_warps=PREFILL_WARPS,

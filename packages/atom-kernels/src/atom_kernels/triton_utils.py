@@ -86,8 +86,15 @@ if INTERPRETING:
     _patch_interpreter()
 
 
+# Host-side integer helpers in plain Python: triton.cdiv and triton.next_power_of_2 are constexpr
+# functions in Triton 3.6, about 1.6 us a call from host code (0.03-0.05 us these), and the op
+# wrappers call them on every launch.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def next_pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def dot_precision(dtype: torch.dtype) -> str:
