@@ -17,7 +17,7 @@ class SplitItem:
 
 
 def is_splitting_node(node: torch.fx.Node) -> bool:
-    """Calls of ops flagged ``atom_splitting_op`` (see layers.attention) become their own piece."""
+    """Calls of ops flagged ``atom_splitting_op`` (layers.splitting_op) become their own piece."""
     if node.op != "call_function":
         return False
     target = node.target

@@ -31,6 +31,7 @@ from torch import nn
 
 import atom_kernels
 from atom_core.layers.linear import make_param
+from atom_core.layers.splitting_op import define_splitting_op
 from atom_core.quantization.kv_cache import kv_scale_loader
 
 
@@ -113,7 +114,6 @@ def standalone_batch(seq_lens: list[int]) -> Iterator[None]:
 _layers_by_name: dict[str, "Attention"] = {}
 
 
-@torch.library.custom_op("atom::unified_attention", mutates_args=["output"])
 def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor,
                       layer_name: str) -> None:
     impl = _layers_by_name[layer_name].impl
@@ -123,13 +123,7 @@ def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output:
         output.copy_(impl(q, k, v))
 
 
-@unified_attention.register_fake
-def _unified_attention_fake(q, k, v, output, layer_name) -> None:
-    return None
-
-
-# The compile backend splits graphs at ops carrying this flag (atom_core.compile.split).
-torch.ops.atom.unified_attention.atom_splitting_op = True
+define_splitting_op(unified_attention)
 
 
 def _absent_kv_scale() -> nn.Parameter:

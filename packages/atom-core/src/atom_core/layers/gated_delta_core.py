@@ -34,6 +34,7 @@ from torch import nn
 import atom_kernels
 from atom_core.layers.attention import standalone_cu_seqlens
 from atom_core.layers.short_conv import ShortConvolution
+from atom_core.layers.splitting_op import define_splitting_op
 
 
 @dataclass(frozen=True)
@@ -152,19 +153,12 @@ def build_gated_delta_core(spec: GatedDeltaCoreSpec) -> nn.Module:
     return core
 
 
-@torch.library.custom_op("atom::gated_delta_core", mutates_args=["output"])
 def gated_delta_core(mixed_qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, output: torch.Tensor,
                      layer_name: str) -> None:
     output.copy_(_cores_by_name[layer_name](mixed_qkv, g, beta))
 
 
-@gated_delta_core.register_fake
-def _gated_delta_core_fake(mixed_qkv, g, beta, output, layer_name) -> None:
-    return None
-
-
-# The compile backend splits graphs at ops carrying this flag (atom_core.compile.split).
-torch.ops.atom.gated_delta_core.atom_splitting_op = True
+define_splitting_op(gated_delta_core)
 
 
 def run_core(spec: GatedDeltaCoreSpec, core: nn.Module, mixed_qkv: torch.Tensor, g: torch.Tensor,

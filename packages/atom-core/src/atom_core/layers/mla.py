@@ -36,6 +36,7 @@ from atom_core.layers.attention import CheckpointKvScales, standalone_cu_seqlens
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import RopeSpec, RotaryEmbedding, shared_rotary_embedding
+from atom_core.layers.splitting_op import define_splitting_op
 from atom_kernels import rope as rope_ops
 
 # DeepSeek's reference code (and HF transformers) builds the q/kv latent norms with RMSNorm's
@@ -190,7 +191,6 @@ def get_latent_attention_factory() -> LatentAttentionFactory:
 _layers_by_name: dict[str, LatentAttention] = {}
 
 
-@torch.library.custom_op("atom::unified_latent_attention", mutates_args=["output"])
 def unified_latent_attention(positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
                              k_pe: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
     impl = _layers_by_name[layer_name].impl
@@ -200,13 +200,7 @@ def unified_latent_attention(positions: torch.Tensor, q: torch.Tensor, kv_c: tor
         output.copy_(impl(positions, q, kv_c, k_pe))
 
 
-@unified_latent_attention.register_fake
-def _unified_latent_attention_fake(positions, q, kv_c, k_pe, output, layer_name) -> None:
-    return None
-
-
-# The compile backend splits graphs at ops carrying this flag, as at atom::unified_attention.
-torch.ops.atom.unified_latent_attention.atom_splitting_op = True
+define_splitting_op(unified_latent_attention)
 
 
 class LatentAttention(CheckpointKvScales):
