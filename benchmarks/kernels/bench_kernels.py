@@ -15,7 +15,9 @@ times, the ratio ours / vLLM (< 1: ours is faster), bandwidth shares, TFLOP/s wh
 Each kernel is timed twice: replayed from a CUDA graph (the headline numbers: no Python launch
 overhead, as vLLM runs decode; replays run back to back, so decode-sized working sets can sit in L2 and
 show more than 100% of HBM bandwidth) and eagerly (L2 flushed, launch overhead included: Triton's
-Python launcher costs more than a C++ op's, which dominates the smallest kernels).
+Python launcher costs more than a C++ op's, which dominates the smallest kernels). ``host`` is the
+host's time to issue one call (back-to-back calls, no synchronization): what a step pays per op where
+it runs outside CUDA graphs and the host is slower than the GPU (a lone prefill).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import math
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -737,13 +740,27 @@ def time_kernel(fn: Callable[[], object], rep: int) -> dict[str, float]:
     stay in L2)."""
     times = {"eager_us": do_bench(fn, warmup=10, rep=rep, return_mode="median") * 1e3}
     times["graph_us"] = do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+    times["host_us"] = host_us(fn)
     return times
+
+
+def host_us(fn: Callable[[], object], calls: int = 100) -> float:
+    """Microseconds the host takes to issue one call: ``calls`` back to back after a synchronize,
+    without waiting for the GPU (few enough not to fill the launch queue)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return issued / calls * 1e6
 
 
 def add_timing(row: dict, who: str, times: dict[str, float], case: Case, bandwidth: float) -> None:
     us = times["graph_us"]
     row[f"{who}_us"] = us
     row[f"{who}_eager_us"] = times["eager_us"]
+    row[f"{who}_host_us"] = times["host_us"]
     row[f"{who}_pct_bw"] = 100 * case.bytes_moved / (us * 1e-6) / bandwidth
     if case.flops:
         row[f"{who}_tflops"] = case.flops / (us * 1e-6) / 1e12
@@ -767,6 +784,7 @@ def run_case(case: Case, bandwidth: float, rep: int) -> dict:
             add_timing(row, "vllm", theirs, case, bandwidth)
             row["ratio_ours_over_vllm"] = row["ours_us"] / row["vllm_us"]
             row["ratio_eager"] = row["ours_eager_us"] / row["vllm_eager_us"]
+            row["ratio_host"] = row["ours_host_us"] / row["vllm_host_us"]
     if case.compare is not None and "vllm_us" in row:
         row["max_rel_diff_vs_vllm"] = max_rel_diff(*case.compare())
     return row
@@ -787,6 +805,7 @@ def format_row(row: dict) -> str:
     theirs = f"{row['vllm_us']:9.1f}" if "vllm_us" in row else f"{'n/a':>9}"
     ratio = f"{row['ratio_ours_over_vllm']:6.2f}" if "ratio_ours_over_vllm" in row else f"{'':>6}"
     eager = f"{row['ratio_eager']:6.2f}" if "ratio_eager" in row else f"{'':>6}"
+    host = f"{row['ours_host_us']:6.1f} {row.get('vllm_host_us', float('nan')):6.1f}"
     diff = f"{row['max_rel_diff_vs_vllm']:.1e}" if "max_rel_diff_vs_vllm" in row else ""
     extra = (
         f"{row['ours_tflops']:7.1f} TF/s"
@@ -795,7 +814,7 @@ def format_row(row: dict) -> str:
     )
     return (
         f"{row['op'][:34]:34} {row['model'][:16]:16} {row['case'][:22]:22} {row['ours_us']:9.1f} {theirs} "
-        f"{ratio} {eager} {extra} {diff}"
+        f"{ratio} {eager} {host} {extra} {diff}"
     )
 
 
@@ -845,7 +864,8 @@ def main() -> None:
     )
     print(
         f"{'op':34} {'model':16} {'case':22} {'ours us':>9} {'vllm us':>9} {'ratio':>6} {'eager':>6} "
-        f"{'roofline':>12} rel diff   (graph-replay times; eager = ratio of eager times)"
+        f"{'host us':>13} {'roofline':>12} rel diff   (graph-replay times; eager = ratio of eager times; "
+        f"host: to issue one call, ours and vLLM's)"
     )
     with set_current_vllm_config(VllmConfig()):
         for group in args.ops.split(","):
