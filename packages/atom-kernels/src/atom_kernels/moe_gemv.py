@@ -1,7 +1,7 @@
 """The fused MoE's GEMMs for a few tokens with MXFP4 experts, as matrix-vector products.
 
 At one to a few tokens a routed entry (token, k) meets its expert's weights alone: the tiled GEMMs
-(:mod:`atom_kernels.moe`) then pad each entry to a 16-row block, sort the entries by expert, and
+(atom_kernels.moe) pad each entry to a 16-row block, sort the entries by expert, and
 upcast every weight tile for the tensor cores. Here one program takes one entry and BLOCK_N output
 columns, reads the packed rows straight from the entry's expert (no sort) and multiplies on the
 CUDA cores: per byte two e2m1 decodes (bit moves into an fp16, :func:`e2m1_to_float_scaled`) and two
@@ -93,8 +93,8 @@ def _mxfp4_gemv_kernel(
     col_valid = cols < N
     expert = tl.load(expert_ids_ptr + entry).to(tl.int64)
     x_row = x_ptr + (entry // X_ROW_DIVISOR) * x_stride
-    # Columns past N wrap around (loads in bounds; the store drops them). Gate/up rows as in
-    # atom_kernels.moe: row n * gate_up_step, + up_offset for up.
+    # Columns past N wrap around (the store drops them). Gate/up rows as in atom_kernels.moe:
+    # row n * gate_up_step, + up_offset for up.
     rows = ((cols % N) * gate_up_step).to(tl.int64)
     w_expert = w_ptr + expert * w_stride_e
     s_expert = scale_ptr + expert * scale_stride_e
