@@ -93,7 +93,7 @@ def _mxfp4_gemv_kernel(
     col_valid = cols < N
     expert = tl.load(expert_ids_ptr + entry).to(tl.int64)
     x_row = x_ptr + (entry // X_ROW_DIVISOR) * x_stride
-    # Columns past N wrap around (the store drops them). Gate/up rows as in atom_kernels.moe:
+    # Columns past N wrap (the store drops them). Gate/up rows as in atom_kernels.moe:
     # row n * gate_up_step, + up_offset for up.
     rows = ((cols % N) * gate_up_step).to(tl.int64)
     w_expert = w_ptr + expert * w_stride_e
