@@ -117,16 +117,23 @@ FAKES: dict[str, Callable] = {
 }
 
 
+def define_custom_op(name: str, signature: Callable, impl: Callable, fake: Callable, mutates_args=()):
+    """``torch.ops.atom.<name>`` with ``signature``'s schema, running ``impl`` on every device, ``fake``
+    under tracing. Through ``torch.library.Library``: the ``@torch.library.custom_op`` decorator's
+    Python dispatch took 10.4 us a call against 1.6 (one CPU core, torch 2.11)."""
+    _library.define(name + torch.library.infer_schema(signature, mutates_args=mutates_args))
+    _library.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"atom::{name}", fake, lib=_library)
+    return getattr(torch.ops.atom, name)
+
+
 def _register(name: str, fake: Callable) -> None:
     op = OPS[name]
-    _library.define(name + torch.library.infer_schema(op.stub, mutates_args=()))
 
     def run(*args, **kwargs):
         return op.dispatch(*args, **kwargs)
 
-    _library.impl(name, run, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"atom::{name}", fake, lib=_library)
-    op.custom_op = getattr(torch.ops.atom, name)
+    op.custom_op = define_custom_op(name, op.stub, run, fake)
 
 
 for _name, _fake in FAKES.items():
