@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles fp8-tma-gemm mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape.
@@ -132,9 +132,11 @@ for step in $steps; do
                               profile_source deepseek-v2-lite-lone-prefill --checkpoint "$tmp/ckpt" \
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0
                               rm -rf "$tmp" ;;
-    # The same for Qwen3-8B-FP8 (dummy weights), whose TTFT at one request was 17 ms longer with ATOM.
+    # The same for Qwen3-8B-FP8 (dummy weights), whose TTFT at one request was 17 ms longer with ATOM, with
+    # the host's ops too; steps of at most 2048 tokens keep vLLM alone's DeepGEMM warm-up short.
     fp8-lone-prefill-profile) profile_source qwen3-8b-fp8-lone-prefill --config "$here/models/qwen3-8b-fp8.json" \
-                                --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 ;;
+                                --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 \
+                                --host-ops --engine-arg max_num_batched_tokens=2048 ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # MLA serving latency (issue 19), on one random V2-Lite checkpoint: greedy tokens of prompts served
@@ -237,6 +239,7 @@ for step in $steps; do
                   --out "$out/fp8-fusion-7168.json" ;;
     # Block-FP8 GEMM tiles at 16-64 rows (kernel only, 1512 timings: 85 s on an H200).
     fp8-decode-tiles) python3 "$here/kernels/experiments/fp8_tiles.py" "$out/fp8-decode-tiles.json" ;;
+    fp8-tma-gemm) python3 "$here/kernels/experiments/fp8_tma_gemm.py" "$out/fp8-tma-gemm.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

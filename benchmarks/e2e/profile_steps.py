@@ -85,16 +85,28 @@ def summarise(times: dict[str, float], launches: int, wall_s: float, steps: int)
     }
 
 
-def profiled(fn):
+def host_ops(prof, steps: int) -> list:
+    """The 40 host-side ops with the most time of their own (the profiler's self CPU time, ms per step,
+    with call counts): where a host-bound step spends its time. The profiler slows the host, so compare
+    the two engines' lists with each other, not with the unprofiled wall time."""
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:40]
+    return [[e.key[:120], e.count // max(steps, 1), e.self_cpu_time_total / 1e3 / max(steps, 1)] for e in ops]
+
+
+def profiled(fn, host: bool = False):
     import torch
 
+    activities = [torch.profiler.ProfilerActivity.CUDA] + [torch.profiler.ProfilerActivity.CPU] * host
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=activities) as prof:
         begin = time.perf_counter()
         steps = fn()
         torch.cuda.synchronize()
         wall = time.perf_counter() - begin
-    return summarise(*kernel_times(prof), wall, steps)
+    result = summarise(*kernel_times(prof), wall, steps)
+    if host:
+        result["host_ops_self_ms_per_step"] = host_ops(prof, steps)
+    return result
 
 
 def main() -> None:
@@ -108,6 +120,8 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=16)
     parser.add_argument("--workload-prompts", type=int, default=0, help="0 skips the workload window")
     parser.add_argument("--kv-cache-dtype", default="auto", help="LLM(kv_cache_dtype=...)")
+    parser.add_argument("--host-ops", action="store_true",
+                        help="a second prefill window with the host's ops profiled too (slower host)")
     parser.add_argument("--engine-arg", action="append", default=[], type=engine_arg, metavar="KEY=VALUE",
                         help="a further LLM argument (repeatable), as engine_run.py's")
     args = parser.parse_args()
@@ -148,10 +162,17 @@ def main() -> None:
     # Warm-up: every path (prefill, mixed, decode) once, outside the profiles.
     submit(random_prompts(32, 1024, vocab, seed=10), 8, "warm")
     drain()
+    # And the prefill window's own step once: a library GEMM's first call at a new row count (cuBLASLt's
+    # heuristics, DeepGEMM's compile where its warm-up skipped the count) is no part of a step's time.
+    submit(random_prompts(args.prefill_prompts, 1024, vocab, seed=9), 1, "warm-prefill")
+    drain()
 
     submit(random_prompts(args.prefill_prompts, 1024, vocab, seed=11), 1, "prefill")
     result["prefill"] = profiled(drain)
     result["prefill"]["window"] = f"{args.prefill_prompts} prompt(s) x 1024 tokens, 1 output token"
+    if args.host_ops:
+        submit(random_prompts(args.prefill_prompts, 1024, vocab, seed=14), 1, "prefill-host")
+        result["prefill_host"] = profiled(drain, host=True)
 
     submit(random_prompts(args.decode_batch, 1024, vocab, seed=12), args.decode_steps + 64, "decode")
     started: set[str] = set()
@@ -177,7 +198,7 @@ def main() -> None:
         result["workload"]["slowest_steps_ms"] = sorted(((ms, i) for i, ms in enumerate(step_ms)), reverse=True)[:8]
 
     json.dump(result, open(args.out, "w"), indent=1)
-    for window in ("prefill", "decode", "workload"):
+    for window in ("prefill", "prefill_host", "decode", "workload"):
         if window in result:
             r = result[window]
             print(window, f"steps={r['steps']} wall/step={r['wall_ms_per_step']:.2f} ms "
@@ -185,6 +206,8 @@ def main() -> None:
                   {k: round(v, 3) for k, v in r["classes_ms_per_step"].items()}, flush=True)
             if "slowest_steps_ms" in r:
                 print("  slowest steps (ms, index):", [(round(ms, 1), i) for ms, i in r["slowest_steps_ms"]])
+            for name, calls, ms in r.get("host_ops_self_ms_per_step", [])[:15]:
+                print(f"  host {ms:8.2f} ms {calls:6d} calls  {name}")
 
 
 if __name__ == "__main__":
