@@ -8,6 +8,7 @@ float64 reference within fp8's precision."""
 import pytest
 import torch
 from kernel_testing import ON_GPU, backends, float_dtypes, impl, rand, tolerance
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 FP8 = torch.float8_e4m3fn
 # e4m3 keeps 3 mantissa bits: a normal value rounds within 2^-4 of itself; below 2^-6 (subnormals)
@@ -115,13 +116,30 @@ def test_fused_quant_rejects_groups_the_kernel_cannot_tile(op, args):
         impl(op, "triton")(*args)
 
 
-@pytest.mark.parametrize("op, args", [
+DYNAMIC_QUANTIZERS = [
     ("rms_norm_quant_fp8", (rand(5, 256), rand(256), 1e-6, 128)),
     ("fused_add_rms_norm_quant_fp8", (rand(2, 3, 256), rand(2, 3, 256), rand(256), 1e-6, None)),
     ("silu_and_mul_quant_fp8", (rand(4, 2 * 256), 64)),
-])
+    ("per_group_quant_fp8", (rand(6, 384), 128)),
+    ("per_token_quant_fp8", (rand(3, 256),)),
+]
+
+
+@backends
+@pytest.mark.parametrize("op, args", DYNAMIC_QUANTIZERS, ids=[op for op, _ in DYNAMIC_QUANTIZERS])
+def test_dynamic_quantizers_store_scales_group_major(backend, op, args):
+    """Scales [rows, groups] with each group's rows contiguous (atom_kernels.quant.new_scales): the
+    layout torch's library GEMM reads without a copy."""
+    scale = impl(op, backend)(*args)[1]
+    assert scale.stride() == (1, scale.shape[0])
+
+
+@pytest.mark.parametrize("op, args", DYNAMIC_QUANTIZERS, ids=[op for op, _ in DYNAMIC_QUANTIZERS])
 def test_opaque_op_fake_matches_the_kernel(op, args):
-    """The torch.ops.atom.* wrapper's fake impl (what torch.compile traces) gives the shapes and
-    dtypes the kernel returns."""
-    torch.library.opcheck(getattr(torch.ops.atom, op).default, args,
-                          test_utils=("test_schema", "test_faketensor"))
+    """The torch.ops.atom.* wrapper's fake impl (what torch.compile traces) gives the shapes, dtypes
+    and strides the kernel returns."""
+    custom_op = getattr(torch.ops.atom, op).default
+    torch.library.opcheck(custom_op, args, test_utils=("test_schema", "test_faketensor"))
+    with FakeTensorMode() as mode:  # opcheck compares no strides
+        fake = custom_op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    assert [t.stride() for t in fake] == [t.stride() for t in custom_op(*args)]

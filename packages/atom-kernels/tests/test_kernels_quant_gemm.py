@@ -112,6 +112,21 @@ def test_fp8_block_scaled_mm(backend, m, n, k):
     assert_close(out, expected, torch.bfloat16, "accumulated")
 
 
+@library_backends
+@pytest.mark.parametrize("m", [1, 70, 130])
+def test_fp8_block_scaled_mm_reads_either_scale_layout(backend, m):
+    """The quantizers' group-major activation scales (atom_kernels.quant.new_scales) and row-major
+    ones give the same output bit for bit: the kernels read them through their strides."""
+    n, k = 256, 512
+    a, _ = quantized(m, k)
+    b, _ = quantized(n, k)
+    row_major = (torch.rand(m, k // 128) + 0.5).to(DEVICE) / 100
+    group_major = row_major.t().contiguous().t()
+    b_scale = (torch.rand(n // 128, k // 128) + 0.5).to(DEVICE) / 100
+    gemm_op = impl("fp8_block_scaled_mm", backend)
+    assert torch.equal(gemm_op(a, b, row_major, b_scale), gemm_op(a, b, group_major, b_scale))
+
+
 @pytest.mark.parametrize("block_scaled", [True, False], ids=["block", "channel"])
 @pytest.mark.parametrize("m, split_k", [(3, 2), (20, 3), (70, 5), (5, 9)])
 def test_fp8_gemm_split_k(block_scaled, m, split_k):

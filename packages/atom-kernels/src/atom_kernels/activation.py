@@ -24,6 +24,7 @@ from atom_kernels.quant import (
     check_fused_quant_group,
     dynamic_quant_fp8_torch,
     fp8_dtype_max,
+    new_scales,
     quantize_fp8_groups,
 )
 from atom_kernels.registry import define_op
@@ -133,7 +134,7 @@ def _gated_activation_kernel(
     BLOCK: tl.constexpr,
 ):
     # With QUANT_GROUP > 0 (a divisor of BLOCK) out_ptr takes fp8 codes and scale_ptr
-    # [num_rows, num_groups] their scales.
+    # [num_rows, num_groups] their scales, group-major (atom_kernels.quant.new_scales).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -152,7 +153,7 @@ def _gated_activation_kernel(
         out = tl.reshape(q, (BLOCK,))
         groups = tl.program_id(1) * (BLOCK // QUANT_GROUP) + tl.arange(0, BLOCK // QUANT_GROUP)
         tl.store(
-            scale_ptr + row * num_groups + groups,
+            scale_ptr + groups * num_rows + row,
             tl.reshape(scale, (BLOCK // QUANT_GROUP,)),
             mask=groups < num_groups,
         )
@@ -190,7 +191,7 @@ def launch_gated_activation(
             num_groups = 1
         else:
             block, quant_group, num_groups = max(block, group_size), group_size, d // group_size
-        scale = torch.empty((rows.shape[0], num_groups), dtype=torch.float32, device=x.device)
+        scale = new_scales(rows.shape[0], num_groups, x.device)
     if out.numel() == 0:
         return out if fp8 is None else (out, scale)
     num_warps = max(1, min(8, block * x.element_size() // (32 * 16)))

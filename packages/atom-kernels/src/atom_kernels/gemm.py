@@ -92,7 +92,8 @@ def fp8_block_scaled_mm_torch(
     return (a_deq @ b_deq.t()).to(out_dtype)
 
 
-@triton.jit(do_not_specialize=["M"])
+# a_scale_stride_k is M for group-major activation scales (atom_kernels.quant.new_scales).
+@triton.jit(do_not_specialize=["M", "a_scale_stride_k"])
 def _fp8_gemm_kernel(
     a_ptr,
     b_ptr,
@@ -107,6 +108,7 @@ def _fp8_gemm_kernel(
     b_stride,
     out_stride,
     a_scale_stride,
+    a_scale_stride_k,
     b_scale_stride,
     partial_ptr,
     k_per_split,
@@ -144,7 +146,8 @@ def _fp8_gemm_kernel(
         if BLOCK_SCALED:
             # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group.
             k_group = k0 // SCALE_BLOCK
-            sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group, mask=row_valid, other=0.0)
+            sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group * a_scale_stride_k, mask=row_valid,
+                         other=0.0)
             sb = tl.load(
                 b_scale_ptr + (cols // SCALE_BLOCK) * b_scale_stride + k_group,
                 mask=col_valid,
@@ -304,6 +307,7 @@ def _launch_fp8_gemm(
         b.stride(0),
         out.stride(0),
         a_scale.stride(0) if block_scaled else 0,
+        a_scale.stride(1) if block_scaled else 0,
         b_scale.stride(0) if block_scaled else 0,
         partial,
         steps_per_split * config["BLOCK_K"],
@@ -353,7 +357,8 @@ def fp8_block_scaled_mm_triton(
             f"fp8_block_scaled_mm: a_scale {tuple(a_scale.shape)} != ({m}, {groups_k}) or "
             f"b_scale {tuple(b_scale.shape)} != ({groups_n}, {groups_k})"
         )
-    a_scale, b_scale = a_scale.float().contiguous(), b_scale.float().contiguous()
+    # a_scale in any layout (the quantizers' group-major one, or row-major); b_scale row-major.
+    a_scale, b_scale = a_scale.float(), b_scale.float().contiguous()
     return _launch_fp8_gemm(a, b, a_scale, b_scale, out_dtype, None, True, block_size)
 
 
@@ -376,13 +381,15 @@ def _library_fits(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, mult
 def _library_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:
     """torch._scaled_mm of ``a`` [M, K] and ``b`` [N, K] with M padded to LIBRARY_ROW_MULTIPLE
-    (zero rows, unit scales) and the padding cut off again; ``scale_a`` [M, *] is stored M-major,
-    as the block-wise recipe needs (the same layout for a row-wise [M, 1])."""
+    (zero rows, unit scales) and the padding cut off again; ``scale_a`` [M, *] stored M-major, as
+    the block-wise recipe needs (the same layout for a row-wise [M, 1]): the quantizers' layout, so
+    a copy only for other scales or padded rows."""
     rows, pad = a.shape[0], -a.shape[0] % LIBRARY_ROW_MULTIPLE
+    scale_a = scale_a.t()
     if pad:
         a = torch.cat([a, a.new_zeros(pad, a.shape[1])])
-        scale_a = torch.cat([scale_a, scale_a.new_ones(pad, scale_a.shape[1])])
-    scale_a = scale_a.t().contiguous().t()
+        scale_a = torch.cat([scale_a, scale_a.new_ones(scale_a.shape[0], pad)], dim=1)
+    scale_a = scale_a.contiguous().t()
     return torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)[:rows]
 
 
@@ -397,8 +404,8 @@ def fp8_block_scaled_mm_torchlib(
 ) -> torch.Tensor:
     if block_size != 128 or not _library_fits(a, b, out_dtype, 128):
         return fp8_block_scaled_mm_triton(a, b, a_scale, b_scale, out_dtype, block_size)
-    # The 1x128 x 128x128 recipe: activation scales [M, K/128] stored M-major (made so after the
-    # padding), weight scales as [K/128, N/128] (a transposed view of the checkpoint's [N/128, K/128]).
+    # The 1x128 x 128x128 recipe: activation scales [M, K/128] stored M-major (as the quantizers store
+    # them), weight scales as [K/128, N/128] (a transposed view of the checkpoint's [N/128, K/128]).
     return _library_mm(a, b, a_scale.float(), b_scale.float().t(), out_dtype)
 
 

@@ -409,7 +409,8 @@ def _mxfp4_step_registers(acc_t, a_rows, w_rows, codes, k0, K, BLOCK_M: tl.const
     return tl.dot(w, tl.trans(a), acc_t)
 
 
-@triton.jit(do_not_specialize=["num_entries", "split_k"])
+# a_scale_stride_k is the token count for group-major scales (atom_kernels.quant.new_scales).
+@triton.jit(do_not_specialize=["num_entries", "split_k", "a_scale_stride_k"])
 def _moe_gemm_kernel(
     a_ptr,
     w_ptr,
@@ -429,6 +430,7 @@ def _moe_gemm_kernel(
     bias_stride_e,
     out_stride,
     a_scale_stride,
+    a_scale_stride_k,
     w_scale_stride_e,
     w_scale_stride_n,
     up_offset,
@@ -551,7 +553,7 @@ def _moe_gemm_kernel(
             # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
             if SCALE_BLOCK > 0:
                 k_group = k0 // SCALE_BLOCK
-                a_scale = tl.load(a_scales + k_group)[:, None]
+                a_scale = tl.load(a_scales + k_group * a_scale_stride_k)[:, None]
                 acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
             elif W8A8:
                 acc += tl.dot(a, w)
@@ -773,6 +775,7 @@ def launch_moe_gemm(
         bias.stride(0) if bias is not None else 0,
         out.stride(0),
         a_scale.stride(0) if a_scale is not None else 0,
+        a_scale.stride(1) if a_scale is not None else 0,
         w_scale.stride(0) if w_scale is not None else 0,
         w_scale.stride(1) if w_scale is not None else 0,
         up_offset,

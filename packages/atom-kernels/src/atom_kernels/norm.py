@@ -19,6 +19,7 @@ from atom_kernels.quant import (
     check_fused_quant_group,
     dynamic_quant_fp8_torch,
     fp8_dtype_max,
+    new_scales,
     quantize_fp8_groups,
 )
 from atom_kernels.registry import define_op
@@ -133,7 +134,8 @@ def _rms_norm_kernel(
 ):
     # Rows are addressed as (outer, inner) so that a strided [T, H, D] view (QK-norm on a slice of the
     # fused qkv output) is read in place. Outputs are contiguous [num_rows, N]. With QUANT_GROUP > 0
-    # y_ptr takes the fp8 codes and scale_ptr [num_rows, num_groups] their scales. MASKED_FILL: what
+    # y_ptr takes the fp8 codes and scale_ptr [num_rows, num_groups] their scales, group-major
+    # (atom_kernels.quant.new_scales). MASKED_FILL: what
     # masked elements load as, 1.0 where only whole rows are masked and quantised (as in
     # atom_kernels.quant, whose docstring says why: a masked row of zeros takes the IEEE division's slow
     # path); a fused norm of one 2048-wide row (two rows a program) took 4.1 us against 2.4 at 16 rows on
@@ -161,7 +163,7 @@ def _rms_norm_kernel(
         y, scale = quantize_fp8_groups(y, QUANT_GROUP, fp8_max, min_amax)
         groups = tl.arange(0, BLOCK_N // QUANT_GROUP)
         scale_mask = row_mask[:, None] & (groups < num_groups)[None, :]
-        tl.store(scale_ptr + rows[:, None] * num_groups + groups[None, :], scale, mask=scale_mask)
+        tl.store(scale_ptr + groups[None, :] * num_rows + rows[:, None], scale, mask=scale_mask)
     tl.store(y_ptr + out_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -209,7 +211,7 @@ def _launch_rms_norm(
         check_fused_quant_group("rms_norm_quant_fp8", n, group_size)
         quant_group = block_n if group_size is None else group_size
         num_groups = 1 if group_size is None else n // group_size
-        scale = torch.empty((num_rows, num_groups), dtype=torch.float32, device=x.device)
+        scale = new_scales(num_rows, num_groups, x.device)
     # Small rows (QK-norm over head_dim) are packed several to a program; about 4K elements each.
     block_r = max(1, min(64, 4096 // block_n))
     tile = block_r * block_n

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from atom_kernels import mxfp4_gemm  # noqa: F401  (defines mxfp4_linear; the aiter adapters import the other op modules)
+from atom_kernels.quant import new_scales
 from atom_kernels.registry import OPS
 
 _library = torch.library.Library("atom", "FRAGMENT")
@@ -41,11 +42,11 @@ def _routing(router_logits, top_k, *args, **kwargs):
 
 
 def _quantized(x, *args, dtype=torch.float8_e4m3fn, scale_columns=None, columns=None, **kwargs):
-    """fp8 codes shaped like ``x`` (with ``columns`` in the last dim) and fp32 scales [rows, *]."""
+    """fp8 codes shaped like ``x`` (with ``columns`` in the last dim) and fp32 scales [rows, *], laid
+    out as the kernels lay them out (``new_scales``)."""
     columns = x.shape[-1] if columns is None else columns
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (x.new_empty((*x.shape[:-1], columns), dtype=dtype),
-            x.new_empty((rows, scale_columns), dtype=torch.float32))
+    return x.new_empty((*x.shape[:-1], columns), dtype=dtype), new_scales(rows, scale_columns, x.device)
 
 
 def _fused_quantized(x, group_size, dtype, columns=None):

@@ -2,8 +2,9 @@
 
 ``x ~= q.float() * scale`` with ``scale = amax / fp8_max`` over the tensor, each row, or each
 ``group_size`` channels of each row; ``q = clamp(x / scale, -fp8_max, fp8_max)`` rounded to nearest
-even. Scales are fp32: [1] per tensor, [M, 1] per token, [M, K / group_size] per group (row-major).
-The fp8 type defaults to ``float8_e4m3fn`` (NVIDIA, MI350); MI300 uses ``float8_e4m3fnuz``.
+even. Scales are fp32: [1] per tensor, [M, 1] per token, [M, K / group_size] per group, the dynamic
+ones stored group-major (:func:`new_scales`). The fp8 type defaults to ``float8_e4m3fn`` (NVIDIA,
+MI350); MI300 uses ``float8_e4m3fnuz``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ def per_group_quant_fp8(
     x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q fp8, scale [M, K / group_size])``, dynamic."""
+
+
+def new_scales(rows, groups, device: torch.device) -> torch.Tensor:
+    """An fp32 [rows, groups] buffer stored group-major (each group's column of rows contiguous),
+    as every dynamic quantizer here returns its scales: torch's library GEMM (block-wise recipe)
+    reads activation scales so, and took a transposing copy per call of row-major ones. The
+    Triton consumers read either layout through strides. (Also the fake ops' layout: real and fake
+    strides must agree under torch.compile.)"""
+    return torch.empty((groups, rows), dtype=torch.float32, device=device).t()
+
+
+def as_group_major(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` [rows, groups] in :func:`new_scales`' layout (a copy unless it has it)."""
+    out = new_scales(scale.shape[0], scale.shape[1], scale.device)
+    return out.copy_(scale)
 
 
 def fp8_dtype_max(dtype: torch.dtype) -> float:
@@ -81,7 +97,7 @@ def per_token_quant_fp8_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rows = x.reshape(-1, x.shape[-1])
     scale = _scale_from_amax(rows.abs().amax(dim=-1, keepdim=True), dtype)
-    return _quantize(rows, scale, dtype).view(x.shape), scale
+    return _quantize(rows, scale, dtype).view(x.shape), as_group_major(scale)
 
 
 @per_group_quant_fp8.register("torch")
@@ -94,7 +110,7 @@ def per_group_quant_fp8_torch(
         )
     groups = x.reshape(-1, x.shape[-1] // group_size, group_size)
     scale = _scale_from_amax(groups.abs().amax(dim=-1), dtype)
-    return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), scale
+    return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), as_group_major(scale)
 
 
 @triton.jit
@@ -158,8 +174,8 @@ def _quant_fp8_kernel(
         scale = tl.load(scale_ptr + tl.zeros([BLOCK_R], tl.int32))
     else:
         scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), min_amax), fp8_max)
-        num_groups = tl.num_programs(1)
-        tl.store(scale_ptr + rows.to(tl.int64) * num_groups + group, scale, mask=rows < num_rows)
+        # Group-major (new_scales): group g's scales are rows [g * num_rows, (g + 1) * num_rows).
+        tl.store(scale_ptr + group.to(tl.int64) * num_rows + rows, scale, mask=rows < num_rows)
     q = tl.clamp(tl.div_rn(x, scale[:, None]), -fp8_max, fp8_max)
     tl.store(
         q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
@@ -189,7 +205,7 @@ def _launch_quant(
     if static_scale is not None:
         scale = static_scale
     else:
-        scale = torch.empty((num_rows, k // group), dtype=torch.float32, device=x.device)
+        scale = new_scales(num_rows, k // group, x.device)
     if q.numel() == 0:
         return q, scale
     block_g = next_pow2(group)

@@ -37,4 +37,5 @@ def fp8_block_scaled_mm_aiter(
 
     if block_size != 128:
         raise ValueError(f"fp8_block_scaled_mm (aiter): only 128 blocks, got {block_size}")
-    return aiter.gemm_a8w8_blockscale(a, b, a_scale, b_scale, out_dtype)
+    # Row-major activation scales, as aiter's per_1x128 quantization writes them.
+    return aiter.gemm_a8w8_blockscale(a, b, a_scale.contiguous(), b_scale, out_dtype)
