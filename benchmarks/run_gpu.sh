@@ -132,9 +132,8 @@ for step in $steps; do
                               profile_source deepseek-v2-lite-lone-prefill --checkpoint "$tmp/ckpt" \
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0
                               rm -rf "$tmp" ;;
-    # The same for Qwen3-8B-FP8 (dummy weights), whose TTFT at one request was 17 ms longer with ATOM, with
-    # the host's ops too. vLLM alone's DeepGEMM warm-up (555 shapes even at 2048-token steps) took 4.2 min
-    # on an H200: skipped, DeepGEMM compiles the shapes the warm-up passes and graph capture use.
+    # The same for Qwen3-8B-FP8 (dummy weights; TTFT at one request 17 ms longer with ATOM), host ops
+    # too. vLLM alone's DeepGEMM warm-up (4.2 min on an H200) skipped: the warm-up passes compile theirs.
     fp8-lone-prefill-profile) VLLM_DEEP_GEMM_WARMUP=skip \
                               profile_source qwen3-8b-fp8-lone-prefill --config "$here/models/qwen3-8b-fp8.json" \
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 \
