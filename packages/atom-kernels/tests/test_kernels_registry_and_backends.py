@@ -111,6 +111,21 @@ def test_global_request_skips_ops_without_that_backend(clean_selection):
         op.select(DEVICE.type)
 
 
+def test_inductor_ops_are_checked_and_reported():
+    """ATOM_INDUCTOR_OPS names ops with a torch implementation; the report line marks them."""
+    try:
+        assert atom_kernels.set_inductor_ops("rms_norm,silu_and_mul") == ["rms_norm", "silu_and_mul"]
+        line = atom_kernels.backend_report_line(DEVICE.type)
+        entries = dict(entry.split("=", 1) for entry in line.removeprefix("atom kernels: ").split(", "))
+        assert entries["rms_norm"].endswith(" (traced by torch.compile)")
+        assert "traced" not in entries["fused_add_rms_norm"]
+        with pytest.raises(ValueError, match="ATOM_INDUCTOR_OPS: no_such_op"):
+            atom_kernels.set_inductor_ops("no_such_op")
+    finally:
+        atom_kernels.set_inductor_ops("")
+    assert not any(op.inductor_traced for op in OPS.values())
+
+
 def test_an_implementation_must_match_the_op_signature():
     def scale_rows(x: torch.Tensor, factor: float = 1.0, *, out: torch.Tensor | None = None):
         """The op's signature."""

@@ -38,6 +38,7 @@ from atom_kernels.registry import (
     backend_report,
     backend_report_line,
     reset_selection,
+    set_inductor_ops,
 )
 from atom_kernels.rope import (
     compute_cos_sin_cache,
@@ -92,6 +93,7 @@ __all__ = [
     "rms_norm_quant_fp8",
     "rotary_embedding",
     "router_logits",
+    "set_inductor_ops",
     "silu_and_mul",
     "silu_and_mul_quant_fp8",
     "topk_softmax",

@@ -14,7 +14,7 @@ import torch
 
 from atom_kernels import mxfp4_gemm  # noqa: F401  (defines mxfp4_linear; the aiter adapters import the other op modules)
 from atom_kernels.quant import new_scales
-from atom_kernels.registry import OPS
+from atom_kernels.registry import OPS, set_inductor_ops
 
 _library = torch.library.Library("atom", "FRAGMENT")
 
@@ -139,3 +139,5 @@ def _register(name: str, fake: Callable) -> None:
 
 for _name, _fake in FAKES.items():
     _register(_name, _fake)
+# The ops torch.compile traces instead (ATOM_INDUCTOR_OPS), read once the ops are defined.
+set_inductor_ops()

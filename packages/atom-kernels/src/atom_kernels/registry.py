@@ -26,6 +26,11 @@ to the Triton one, so its op's report names ``torchlib``.
 A forced backend that the op has but that cannot run on the device (``aiter`` off ROCm, ``triton``
 on CPU without the interpreter) raises :class:`BackendUnavailableError`.
 
+Under torch.compile a model's call of an op becomes the opaque custom op of :mod:`atom_kernels.opaque`,
+which runs the selected backend; the ops named in ``ATOM_INDUCTOR_OPS`` (comma-separated, ops with a
+torch implementation) are traced through their torch implementation instead, so Inductor generates,
+fuses and launches their kernels (:func:`set_inductor_ops`).
+
 ``Op.calls`` counts the calls an op dispatched, eagerly or from a compiled graph run without CUDA
 graphs (a replayed CUDA graph runs the kernels without Python): tests use it to check which ops a
 model path takes.
@@ -105,6 +110,8 @@ class Op:
         # torch.ops.atom.<name>, set for ops that models call inside torch.compile'd code
         # (see atom_kernels.opaque): Dynamo then sees one opaque node instead of the kernel.
         self.custom_op: Callable[..., Any] | None = None
+        # Traced through the torch implementation under torch.compile (set_inductor_ops).
+        self.inductor_traced = False
 
     def register(self, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         if backend not in BACKENDS:
@@ -156,8 +163,11 @@ class Op:
         return self.impls[backend]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.custom_op is not None and torch.compiler.is_compiling():
-            return self.custom_op(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            if self.inductor_traced:
+                return self.impls["torch"](*args, **kwargs)
+            if self.custom_op is not None:
+                return self.custom_op(*args, **kwargs)
         return self.dispatch(*args, **kwargs)
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Any:
@@ -198,6 +208,29 @@ def reset_selection() -> None:
         op._chosen.clear()
 
 
+INDUCTOR_OPS_VARIABLE = "ATOM_INDUCTOR_OPS"
+
+
+def set_inductor_ops(names: str | None = None) -> list[str]:
+    """Mark the ops that torch.compile traces through their torch implementation: ``names``
+    (comma-separated), by default ``ATOM_INDUCTOR_OPS``; returns them. Why: an opaque op costs the
+    host its dispatch, its Python wrapper and Triton's launch on every call (tens of microseconds),
+    where Inductor launches its own kernels for less, which counts in steps that run without CUDA
+    graphs (a long prefill). For elementwise and norm ops Inductor's kernels may also fuse with their
+    neighbours. Off by default until measured on a GPU. Compiled graphs keep what they traced."""
+    if names is None:
+        names = os.environ.get(INDUCTOR_OPS_VARIABLE, "")
+    chosen = [name for name in names.split(",") if name]
+    unknown = [name for name in chosen if name not in OPS or "torch" not in OPS[name].impls]
+    if unknown:
+        traceable = sorted(name for name, op in OPS.items() if "torch" in op.impls)
+        raise ValueError(f"{INDUCTOR_OPS_VARIABLE}: {', '.join(unknown)} not among the ops with a torch "
+                         f"implementation ({', '.join(traceable)})")
+    for name, op in OPS.items():
+        op.inductor_traced = name in chosen
+    return chosen
+
+
 def backend_report(device_type: str | None = None) -> dict[str, str]:
     """Which backend each op uses on ``device_type`` (default: cuda if present, else cpu)."""
     if device_type is None:
@@ -212,5 +245,6 @@ def backend_report_line(device_type: str | None = None) -> str:
     for name, backend in backend_report(device_type).items():
         requested, _ = OPS[name].requested()
         missing = requested is not None and requested not in OPS[name].impls
-        entries.append(f"{name}={backend}" + (f" (no {requested})" if missing else ""))
+        entries.append(f"{name}={backend}" + (f" (no {requested})" if missing else "")
+                       + (" (traced by torch.compile)" if OPS[name].inductor_traced else ""))
     return "atom kernels: " + ", ".join(entries)

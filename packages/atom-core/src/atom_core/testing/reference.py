@@ -1,5 +1,5 @@
-"""Reference greedy decoding to compare engines against: HF transformers, and ATOM's own model
-run standalone (no host engine)."""
+"""Reference greedy decoding to compare engines with: HF transformers, and ATOM's model alone (no
+host engine)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list
 def atom_logits(model_dir: str, dtype: torch.dtype = torch.float32):
     """ATOM's model alone (torch kernels, no host engine) in ``dtype``: a function from one
     sequence's token ids to its logits [len, vocab]. The reference for checkpoints HF transformers
-    cannot run the way ATOM does (FP8 experts). Of a vision-language checkpoint, its language model
-    on text."""
+    cannot run as ATOM does (FP8 experts). Of a vision-language checkpoint, its language model on
+    text."""
     from transformers import AutoConfig
 
     from atom_core import Config
@@ -90,9 +90,9 @@ def prompt_logprob_gaps(model_dir: str, prompts: list[list[int]],
                         served: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
     """How far a served 16-bit run's prompt log-probabilities (``served``, per prompt) lie from ATOM
     alone's in float32 on the checkpoint at ``model_dir``, token by token, and how far ATOM alone's
-    own bfloat16 ones lie from them: the yardstick where the served path rounds differently from
-    ATOM alone (MLA absorbed against expanded, tensor-parallel partial sums) and an FP8 or MXFP4
-    activation rounding after it turns those ulps into whole steps. See :func:`within_bfloat16_noise`."""
+    own bfloat16 ones lie from them: the yardstick where the served path rounds otherwise than ATOM
+    alone (MLA absorbed vs expanded, tensor-parallel sums) and an FP8 or MXFP4 activation
+    rounding after it makes those ulps whole steps. See :func:`within_bfloat16_noise`."""
     fp32, bf16 = atom_logits(model_dir, torch.float32), atom_logits(model_dir, torch.bfloat16)
 
     def gaps(logprobs_of) -> torch.Tensor:
