@@ -112,6 +112,16 @@ def test_fp8_block_scaled_mm(backend, m, n, k):
     assert_close(out, expected, torch.bfloat16, "accumulated")
 
 
+def test_as_group_major_copies_only_what_is_laid_out_otherwise():
+    from atom_kernels.quant import as_group_major
+
+    per_token, row_major = torch.rand(5, 1), torch.rand(5, 3)
+    for scale, shared in ((per_token, True), (row_major, False), (row_major.t().contiguous().t(), True)):
+        out = as_group_major(scale)
+        assert out.stride() == (1, 5) and torch.equal(out, scale)
+        assert (out.data_ptr() == scale.data_ptr()) == shared
+
+
 @library_backends
 @pytest.mark.parametrize("m", [1, 70, 130])
 def test_fp8_block_scaled_mm_reads_either_scale_layout(backend, m):

@@ -52,9 +52,12 @@ def new_scales(rows, groups, device: torch.device) -> torch.Tensor:
 
 
 def as_group_major(scale: torch.Tensor) -> torch.Tensor:
-    """``scale`` [rows, groups] in :func:`new_scales`' layout (a copy unless it has it)."""
-    out = new_scales(scale.shape[0], scale.shape[1], scale.device)
-    return out.copy_(scale)
+    """``scale`` [rows, groups] in :func:`new_scales`' layout: a view where its memory has that
+    layout already (per-token [rows, 1] scales stored contiguously among them), else a copy."""
+    rows, groups = scale.shape
+    if scale.stride() == (1, rows) or (groups == 1 and scale.stride(0) == 1):
+        return scale.as_strided((rows, groups), (1, rows))
+    return new_scales(rows, groups, scale.device).copy_(scale)
 
 
 def fp8_dtype_max(dtype: torch.dtype) -> float:
