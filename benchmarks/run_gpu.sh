@@ -10,13 +10,13 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
-# weights; --checkpoint DIR), and of each named model shape.
+# weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only.
 profile_source() {  # NAME SOURCE...
   local name=$1 mode flag; shift
-  for mode in native atom; do
+  for mode in ${PROFILE_MODES:-native atom}; do
     [ $mode = native ] && flag=1 || flag=
     ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 "$here/e2e/profile_steps.py" \
       --workload-prompts 256 "$@" --out "$out/profile-$name-$mode.json"
@@ -45,6 +45,8 @@ multi_gpu() {  # COMMAND...
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm "$@"
 }
+INDUCTOR_TRACEABLE_OPS=rms_norm,fused_add_rms_norm,qk_norm_rope,silu_and_mul,rms_norm_quant_fp8,\
+fused_add_rms_norm_quant_fp8,silu_and_mul_quant_fp8,per_group_quant_fp8
 TP4_EP_ARGS="--engine-arg tensor_parallel_size=4 --engine-arg enable_expert_parallel=true"
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
   local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
@@ -138,6 +140,13 @@ for step in $steps; do
                               profile_source qwen3-8b-fp8-lone-prefill --config "$here/models/qwen3-8b-fp8.json" \
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 \
                                 --host-ops --engine-arg max_num_batched_tokens=2048 ;;
+    # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops traced by
+    # torch.compile (Inductor's kernels and launcher in place of ATOM's opaque ops; atom_kernels.set_inductor_ops).
+    fp8-lone-prefill-inductor-ops) PROFILE_MODES=atom ATOM_INDUCTOR_OPS=$INDUCTOR_TRACEABLE_OPS \
+                                   profile_source qwen3-8b-fp8-lone-prefill-inductor-ops \
+                                     --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \
+                                     --decode-steps 64 --workload-prompts 0 --host-ops \
+                                     --engine-arg max_num_batched_tokens=2048 ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # MLA serving latency (issue 19), on one random V2-Lite checkpoint: greedy tokens of prompts served
