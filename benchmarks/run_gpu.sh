@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only.
@@ -72,6 +72,7 @@ for step in $steps; do
     compile) python3 "$here/e2e/compile_vs_eager.py" --out "$out/compile-vs-eager-qwen3-8b.json" ;;
     mla) python3 "$here/mla/bench_mla_decode.py" --out "$out/mla-decode.json" ;;
     kernels) python3 "$here/kernels/bench_kernels.py" --out "$out/kernels.json" ;;
+    op-launch) python3 "$here/kernels/bench_op_launch.py" --out "$out/op-launch.json" --rows 1 ;;
     sweep) python3 "$here/kernels/sweep_tokens.py" --out "$out/sweep-tokens.json" ;;
     # TUNE_OPS / TUNE_MODELS (tune_kernels.py's --ops / --models) narrow a run to fit a lease: on one H100
     # --ops moe_fp8 took 2.5 minutes with its comparisons, --ops moe --models qwen3-30b-a3b 1.2.
@@ -141,7 +142,7 @@ for step in $steps; do
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 \
                                 --host-ops --engine-arg max_num_batched_tokens=2048 ;;
     # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops traced by
-    # torch.compile (Inductor's kernels and launcher in place of ATOM's opaque ops; atom_kernels.set_inductor_ops).
+    # torch.compile: Inductor launches ATOM's Triton kernels in place of the opaque ops (set_inductor_ops).
     fp8-lone-prefill-inductor-ops) PROFILE_MODES=atom ATOM_INDUCTOR_OPS=$INDUCTOR_TRACEABLE_OPS \
                                    profile_source qwen3-8b-fp8-lone-prefill-inductor-ops \
                                      --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \

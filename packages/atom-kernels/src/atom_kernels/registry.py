@@ -27,9 +27,9 @@ A forced backend that the op has but that cannot run on the device (``aiter`` of
 on CPU without the interpreter) raises :class:`BackendUnavailableError`.
 
 Under torch.compile a model's call of an op becomes the opaque custom op of :mod:`atom_kernels.opaque`,
-which runs the selected backend; the ops named in ``ATOM_INDUCTOR_OPS`` (comma-separated, ops with a
-torch implementation) are traced through their torch implementation instead, so Inductor generates,
-fuses and launches their kernels (:func:`set_inductor_ops`).
+which runs the selected backend; the ops named in ``ATOM_INDUCTOR_OPS`` (comma-separated) are traced
+through their selected implementation instead where that is ``triton`` or ``torch``, so Inductor
+launches their Triton kernels itself, or generates its own from the torch one (:func:`set_inductor_ops`).
 
 ``Op.calls`` counts the calls an op dispatched, eagerly or from a compiled graph run without CUDA
 graphs (a replayed CUDA graph runs the kernels without Python): tests use it to check which ops a
@@ -110,7 +110,7 @@ class Op:
         # torch.ops.atom.<name>, set for ops that models call inside torch.compile'd code
         # (see atom_kernels.opaque): Dynamo then sees one opaque node instead of the kernel.
         self.custom_op: Callable[..., Any] | None = None
-        # Traced through the torch implementation under torch.compile (set_inductor_ops).
+        # Traced through its selected implementation under torch.compile (set_inductor_ops).
         self.inductor_traced = False
 
     def register(self, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -165,7 +165,9 @@ class Op:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             if self.inductor_traced:
-                return self.impls["torch"](*args, **kwargs)
+                backend = _selected_backend(self.name, _first_tensor_device_type(args, kwargs))
+                if backend in TRACEABLE_BACKENDS:
+                    return self.impls[backend](*args, **kwargs)
             if self.custom_op is not None:
                 return self.custom_op(*args, **kwargs)
         return self.dispatch(*args, **kwargs)
@@ -182,6 +184,13 @@ class Op:
             fn = self.impls[self.select(device_type)]
             self._chosen[device_type] = fn
         return fn(*args, **kwargs)
+
+
+@torch.compiler.assume_constant_result
+def _selected_backend(op_name: str, device_type: str) -> str:
+    """Op.select, run as plain Python while Dynamo traces (environment, device and package checks):
+    the graph gets the backend as a constant."""
+    return OPS[op_name].select(device_type)
 
 
 def _first_tensor_device_type(args: tuple, kwargs: dict) -> str:
@@ -209,23 +218,28 @@ def reset_selection() -> None:
 
 
 INDUCTOR_OPS_VARIABLE = "ATOM_INDUCTOR_OPS"
+# Implementations made of torch ops and Triton launches only, which Dynamo traces; the others (AITER's,
+# the library GEMM's row-count branches) stay behind the opaque op.
+TRACEABLE_BACKENDS = ("triton", "torch")
 
 
 def set_inductor_ops(names: str | None = None) -> list[str]:
-    """Mark the ops that torch.compile traces through their torch implementation: ``names``
+    """Mark the ops that torch.compile traces through their selected implementation: ``names``
     (comma-separated), by default ``ATOM_INDUCTOR_OPS``; returns them. Why: an opaque op costs the
     host its dispatch, its Python wrapper and Triton's launch on every call (tens of microseconds),
-    where Inductor launches its own kernels for less, which counts in steps that run without CUDA
-    graphs (a long prefill). For elementwise and norm ops Inductor's kernels may also fuse with their
-    neighbours. Off by default until measured on a GPU. Compiled graphs keep what they traced."""
+    which counts in steps that run without CUDA graphs (a long prefill). Traced, a Triton
+    implementation's allocations join the graph and Inductor launches its kernels with its own
+    launcher; a torch implementation becomes Inductor's kernels (``ATOM_KERNEL_BACKEND_<OP>=torch``).
+    Where the selected backend is neither, the op stays opaque. Compiled graphs keep what they traced."""
     if names is None:
         names = os.environ.get(INDUCTOR_OPS_VARIABLE, "")
     chosen = [name for name in names.split(",") if name]
-    unknown = [name for name in chosen if name not in OPS or "torch" not in OPS[name].impls]
+    unknown = [name for name in chosen
+               if name not in OPS or not any(b in OPS[name].impls for b in TRACEABLE_BACKENDS)]
     if unknown:
-        traceable = sorted(name for name, op in OPS.items() if "torch" in op.impls)
-        raise ValueError(f"{INDUCTOR_OPS_VARIABLE}: {', '.join(unknown)} not among the ops with a torch "
-                         f"implementation ({', '.join(traceable)})")
+        traceable = sorted(name for name, op in OPS.items() if any(b in op.impls for b in TRACEABLE_BACKENDS))
+        raise ValueError(f"{INDUCTOR_OPS_VARIABLE}: {', '.join(unknown)} not among the ops with a Triton or "
+                         f"torch implementation ({', '.join(traceable)})")
     for name, op in OPS.items():
         op.inductor_traced = name in chosen
     return chosen

@@ -1,0 +1,86 @@
+"""Host time per call of ATOM's norm / activation / rope / quantization ops, three ways, on a CUDA GPU:
+
+    python benchmarks/kernels/bench_op_launch.py --out launch.json [--rows 1,1024]
+
+- eager: ``atom_kernels.<op>(...)`` (registry dispatch, the Python wrapper, Triton's launcher);
+- opaque: inside a torch.compile'd function, the opaque custom op ``torch.ops.atom.<op>`` (what a
+  compiled model runs by default: the dispatcher's call into Python, then the eager path);
+- traced: inside a torch.compile'd function with the op in ATOM_INDUCTOR_OPS (its Triton
+  implementation traced: Inductor allocates the outputs and launches ATOM's kernel itself).
+
+This is what a step outside CUDA graphs (a long prefill) pays per op on the host. Each compiled
+function calls the op CALLS times (on distinct inputs), so Dynamo's per-call guard and graph entry are spread over them;
+the GPU work at one row is far below the host time, so the loop measures the host. Inputs as in the
+GPU test of the traced path (packages/atom-kernels/tests/test_kernels_traced_by_compile.py).
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import atom_kernels
+from atom_kernels.registry import set_inductor_ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "atom-kernels" / "tests"))
+from test_kernels_traced_by_compile import CASES  # noqa: E402
+
+CALLS = 16
+REPEATS = 50
+
+
+def host_us_per_call(fn, inputs) -> float:
+    fn(inputs)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(REPEATS):
+        fn(inputs)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / (REPEATS * CALLS) * 1e6
+
+
+def measure(name: str, rows: int) -> dict[str, float]:
+    make_inputs, call = CASES[name]
+    op = getattr(atom_kernels, name)
+    # Distinct inputs per call: identical calls of a functional op would be merged in the graph.
+    inputs = [make_inputs(rows) for _ in range(CALLS)]
+
+    def calls(inputs):
+        return [call(one, op) for one in inputs]
+
+    result = {"eager": host_us_per_call(calls, inputs)}
+    for mode, traced in (("opaque", ""), ("traced", name)):
+        torch._dynamo.reset()
+        set_inductor_ops(traced)
+        try:
+            result[mode] = host_us_per_call(torch.compile(calls, fullgraph=True, dynamic=True), inputs)
+        finally:
+            set_inductor_ops("")
+    torch._dynamo.reset()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rows", default="1,1024")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_op_launch needs a CUDA GPU")
+    results = {"device": torch.cuda.get_device_name(), "calls_per_graph": CALLS, "host_us_per_call": {}}
+    print(f"{'op':32} {'rows':>5} {'eager us':>9} {'opaque us':>10} {'traced us':>10}")
+    with torch.inference_mode():
+        for name in sorted(CASES):
+            for rows in map(int, args.rows.split(",")):
+                times = measure(name, rows)
+                results["host_us_per_call"][f"{name}@{rows}"] = times
+                print(f"{name:32} {rows:5} {times['eager']:9.1f} {times['opaque']:10.1f} {times['traced']:10.1f}")
+    args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
