@@ -135,6 +135,8 @@ def _gated_activation_kernel(
 ):
     # With QUANT_GROUP > 0 (a divisor of BLOCK) out_ptr takes fp8 codes and scale_ptr
     # [num_rows, num_groups] their scales, group-major (atom_kernels.quant.new_scales).
+    # fp32 whoever launches: Inductor passes Python floats as fp64 (ATOM_INDUCTOR_OPS).
+    alpha, limit = tl.cast(alpha, tl.float32), tl.cast(limit, tl.float32)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d

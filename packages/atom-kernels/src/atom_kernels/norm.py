@@ -132,6 +132,8 @@ def _rms_norm_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # fp32 whoever launches: Inductor passes Python floats as fp64 (ATOM_INDUCTOR_OPS).
+    eps = tl.cast(eps, tl.float32)
     # Rows are addressed as (outer, inner) so that a strided [T, H, D] view (QK-norm on a slice of the
     # fused qkv output) is read in place. Outputs are contiguous [num_rows, N]. With QUANT_GROUP > 0
     # y_ptr takes the fp8 codes and scale_ptr [num_rows, num_groups] their scales, group-major

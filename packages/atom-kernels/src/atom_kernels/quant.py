@@ -121,6 +121,8 @@ def quantize_fp8_groups(x, GROUP: tl.constexpr, fp8_max, min_amax):
     """Dynamic quantisation of a fp32 tile [R, C] in groups of GROUP columns (C a multiple of GROUP,
     both powers of two): (q [R, C] clamped to the fp8 range, not yet converted; scale [R, C // GROUP]).
     The arithmetic of :func:`_quant_fp8_kernel`, for kernels that quantise their own output."""
+    # fp32 whoever launches: Inductor passes Python floats as fp64 (ATOM_INDUCTOR_OPS).
+    fp8_max, min_amax = tl.cast(fp8_max, tl.float32), tl.cast(min_amax, tl.float32)
     R: tl.constexpr = x.shape[0]
     C: tl.constexpr = x.shape[1]
     groups = tl.reshape(x, (R, C // GROUP, GROUP))
@@ -161,6 +163,8 @@ def _quant_fp8_kernel(
     as long with either from 64 rows; selects keeping zeros from every division did as well at one row
     but took up to 1.6x the time at prefill sizes (benchmarks/kernels/experiments/fp8-h200.json[quant-zero-guard]).
     """
+    # fp32 whoever launches: Inductor passes Python floats as fp64 (ATOM_INDUCTOR_OPS).
+    fp8_max, min_amax = tl.cast(fp8_max, tl.float32), tl.cast(min_amax, tl.float32)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     group = tl.program_id(1)
     cols = group * GROUP + tl.arange(0, BLOCK_G)

@@ -275,6 +275,8 @@ def _rotary_embedding_kernel(
     K_HEADS_P2: tl.constexpr,
     PASS_P2: tl.constexpr,
 ):
+    # fp32 whoever launches: Inductor passes Python floats as fp64 (ATOM_INDUCTOR_OPS).
+    eps = tl.cast(eps, tl.float32)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     pairs = tl.arange(0, HALF_P2)[None, :]
