@@ -13,12 +13,14 @@ out=$(mkdir -p "$1" && cd "$1" && pwd); shift
 steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
-# weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only.
+# weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only;
+# PROFILE_TIMEOUT: seconds per engine run.
 profile_source() {  # NAME SOURCE...
   local name=$1 mode flag; shift
   for mode in ${PROFILE_MODES:-native atom}; do
     [ $mode = native ] && flag=1 || flag=
-    ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 "$here/e2e/profile_steps.py" \
+    ATOM_DISABLE_VLLM_PLUGIN=$flag VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout ${PROFILE_TIMEOUT:-0} \
+      python3 "$here/e2e/profile_steps.py" \
       --workload-prompts 256 "$@" --out "$out/profile-$name-$mode.json"
   done
 }
@@ -142,12 +144,18 @@ for step in $steps; do
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 \
                                 --host-ops --engine-arg max_num_batched_tokens=2048 ;;
     # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops traced by
-    # torch.compile: Inductor launches ATOM's Triton kernels in place of the opaque ops (set_inductor_ops).
-    fp8-lone-prefill-inductor-ops) PROFILE_MODES=atom ATOM_INDUCTOR_OPS=$INDUCTOR_TRACEABLE_OPS \
-                                   profile_source qwen3-8b-fp8-lone-prefill-inductor-ops \
-                                     --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \
-                                     --decode-steps 64 --workload-prompts 0 --host-ops \
-                                     --engine-arg max_num_batched_tokens=2048 ;;
+    # torch.compile (set_inductor_ops): their torch implementations (Inductor's kernels), then with
+    # :triton their Triton ones (ATOM's kernels launched by Inductor; stalled after CUDA-graph capture
+    # in its first run, 3a021d1, so time-limited here).
+    fp8-lone-prefill-inductor-ops) for variant in inductor-ops triton-traced; do
+                                     [ $variant = inductor-ops ] && traced=$INDUCTOR_TRACEABLE_OPS \
+                                       || traced=${INDUCTOR_TRACEABLE_OPS//,/:triton,}:triton
+                                     PROFILE_MODES=atom PROFILE_TIMEOUT=600 ATOM_INDUCTOR_OPS=$traced \
+                                       profile_source qwen3-8b-fp8-lone-prefill-$variant \
+                                       --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \
+                                       --decode-steps 64 --workload-prompts 0 --host-ops \
+                                       --engine-arg max_num_batched_tokens=2048
+                                   done ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # MLA serving latency (issue 19), on one random V2-Lite checkpoint: greedy tokens of prompts served

@@ -1,17 +1,20 @@
-"""Host time per call of ATOM's norm / activation / rope / quantization ops, three ways, on a CUDA GPU:
+"""Host time per call of ATOM's norm / activation / rope / quantization ops, four ways, on a CUDA GPU:
 
     python benchmarks/kernels/bench_op_launch.py --out launch.json [--rows 1,1024]
 
 - eager: ``atom_kernels.<op>(...)`` (registry dispatch, the Python wrapper, Triton's launcher);
 - opaque: inside a torch.compile'd function, the opaque custom op ``torch.ops.atom.<op>`` (what a
   compiled model runs by default: the dispatcher's call into Python, then the eager path);
-- traced: inside a torch.compile'd function with the op in ATOM_INDUCTOR_OPS (its Triton
-  implementation traced: Inductor allocates the outputs and launches ATOM's kernel itself).
+- inductor: inside a torch.compile'd function with ATOM_INDUCTOR_OPS=<op> (its torch implementation
+  traced: Inductor's own kernels);
+- triton: the same with ATOM_INDUCTOR_OPS=<op>:triton (its Triton implementation traced: Inductor
+  allocates the outputs and launches ATOM's kernel itself).
 
 This is what a step outside CUDA graphs (a long prefill) pays per op on the host. Each compiled
-function calls the op CALLS times (on distinct inputs), so Dynamo's per-call guard and graph entry are spread over them;
-the GPU work at one row is far below the host time, so the loop measures the host. Inputs as in the
-GPU test of the traced path (packages/atom-kernels/tests/test_kernels_traced_by_compile.py).
+function calls the op CALLS times (on distinct inputs), so Dynamo's per-call guard and graph entry
+are spread over them; the GPU work at one row is far below the host time, so the loop measures the
+host. Inputs as in the GPU test of the traced path (atom-kernels' test_kernels_traced_by_compile.py).
+Not yet run on a GPU.
 """
 
 import argparse
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "atom-
 from test_kernels_traced_by_compile import CASES  # noqa: E402
 
 CALLS = 16
+MODES = ("eager", "opaque", "inductor", "triton")
 REPEATS = 50
 
 
@@ -53,7 +57,7 @@ def measure(name: str, rows: int) -> dict[str, float]:
         return [call(one, op) for one in inputs]
 
     result = {"eager": host_us_per_call(calls, inputs)}
-    for mode, traced in (("opaque", ""), ("traced", name)):
+    for mode, traced in (("opaque", ""), ("inductor", name), ("triton", f"{name}:triton")):
         torch._dynamo.reset()
         set_inductor_ops(traced)
         try:
@@ -72,13 +76,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_op_launch needs a CUDA GPU")
     results = {"device": torch.cuda.get_device_name(), "calls_per_graph": CALLS, "host_us_per_call": {}}
-    print(f"{'op':32} {'rows':>5} {'eager us':>9} {'opaque us':>10} {'traced us':>10}")
+    print(f"{'op':32} {'rows':>5}" + "".join(f"{mode + ' us':>12}" for mode in MODES))
     with torch.inference_mode():
         for name in sorted(CASES):
             for rows in map(int, args.rows.split(",")):
                 times = measure(name, rows)
                 results["host_us_per_call"][f"{name}@{rows}"] = times
-                print(f"{name:32} {rows:5} {times['eager']:9.1f} {times['opaque']:10.1f} {times['traced']:10.1f}")
+                print(f"{name:32} {rows:5}" + "".join(f"{times[mode]:12.1f}" for mode in MODES))
     args.out.write_text(json.dumps(results, indent=1))
 
 

@@ -112,18 +112,41 @@ def test_global_request_skips_ops_without_that_backend(clean_selection):
 
 
 def test_inductor_ops_are_checked_and_reported():
-    """ATOM_INDUCTOR_OPS names ops with a torch implementation; the report line marks them."""
+    """ATOM_INDUCTOR_OPS entries are ``name`` (its torch implementation traced) or ``name:triton``;
+    the report line marks them, and anything else is an error naming the entry."""
     try:
-        assert atom_kernels.set_inductor_ops("rms_norm,silu_and_mul") == ["rms_norm", "silu_and_mul"]
+        assert atom_kernels.set_inductor_ops("rms_norm,silu_and_mul:triton") == {"rms_norm": "torch",
+                                                                                  "silu_and_mul": "triton"}
         line = atom_kernels.backend_report_line(DEVICE.type)
         entries = dict(entry.split("=", 1) for entry in line.removeprefix("atom kernels: ").split(", "))
-        assert entries["rms_norm"].endswith(" (traced by torch.compile)")
+        assert entries["rms_norm"].endswith(" (torch traced by torch.compile)")
+        assert entries["silu_and_mul"].endswith(" (triton traced by torch.compile)")
         assert "traced" not in entries["fused_add_rms_norm"]
-        with pytest.raises(ValueError, match="ATOM_INDUCTOR_OPS: no_such_op"):
-            atom_kernels.set_inductor_ops("no_such_op")
+        for entry in ("no_such_op", "rms_norm:aiter", "fp8_block_scaled_mm:torchlib"):
+            with pytest.raises(ValueError, match=f"ATOM_INDUCTOR_OPS: '{entry}'"):
+                atom_kernels.set_inductor_ops(entry)
     finally:
         atom_kernels.set_inductor_ops("")
-    assert not any(op.inductor_traced for op in OPS.values())
+    assert not any(op.traced_backend for op in OPS.values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU side (GPUs: test_kernels_traced_by_compile)")
+@pytest.mark.parametrize("entry, dispatched", [("rms_norm", False), ("rms_norm:triton", True)])
+def test_traced_triton_ops_stay_opaque_on_cpu(entry, dispatched):
+    """Dynamo cannot follow Triton's interpreter, so on CPU an op marked ``:triton`` is called opaquely
+    (one dispatch per call) while a torch-traced op runs inside the graph (none)."""
+    x, weight = torch.randn(6, 64), torch.randn(64)
+    torch._dynamo.reset()
+    atom_kernels.set_inductor_ops(entry)
+    try:
+        compiled = torch.compile(lambda x: atom_kernels.rms_norm(x, weight, 1e-6), backend="aot_eager",
+                                 fullgraph=True)
+        calls = atom_kernels.rms_norm.calls
+        torch.testing.assert_close(compiled(x), atom_kernels.rms_norm.impl("torch")(x, weight, 1e-6))
+        assert (atom_kernels.rms_norm.calls > calls) == dispatched
+    finally:
+        atom_kernels.set_inductor_ops("")
+        torch._dynamo.reset()
 
 
 def test_an_implementation_must_match_the_op_signature():

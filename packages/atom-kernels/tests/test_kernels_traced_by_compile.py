@@ -1,8 +1,7 @@
-"""ATOM_INDUCTOR_OPS on a GPU (atom_kernels.registry.set_inductor_ops): under torch.compile a named op's
-Triton implementation is traced, so Inductor launches ATOM's kernel from its own generated code
-instead of calling the opaque op. The compiled results must be the eager op's, bit for bit (the same
-kernel source), at row counts the graph did not specialise on, for the operand layouts a model hands
-these ops (q and k as column slices of one QKV output)."""
+"""ATOM_INDUCTOR_OPS=name:triton on a GPU (set_inductor_ops): under torch.compile the op's Triton
+implementation is traced, so Inductor launches ATOM's kernel from its own code, not the opaque op.
+Results must be eager's bit for bit (same kernel source) at row counts the graph did not specialise
+on, for the layouts a model passes (q and k as column slices of one QKV output)."""
 
 from __future__ import annotations
 
@@ -19,35 +18,35 @@ pytestmark = pytest.mark.gpu
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 1024, 8, 2, 128, 1536
 
 
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
+
+
 def norm_inputs(rows: int) -> dict:
-    x = torch.randn(rows, HIDDEN, dtype=torch.bfloat16, device="cuda")
-    return {"x": x, "residual": torch.randn_like(x), "weight": torch.randn(HIDDEN, dtype=torch.bfloat16, device="cuda")}
+    return {"x": randn(rows, HIDDEN), "residual": randn(rows, HIDDEN), "weight": randn(HIDDEN)}
 
 
 def rope_inputs(rows: int) -> dict:
-    qkv = torch.randn(rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-    q, k, _ = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+    q, k, _ = randn(rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM).split(
+        [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
     cache = compute_cos_sin_cache(default_inv_freq(HEAD_DIM, 1e6), 4096).to("cuda")
-    weights = [torch.randn(HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
     positions = torch.randint(0, 4096, (rows,), device="cuda")
-    return {"positions": positions, "q": q, "k": k, "weights": weights, "cache": cache}
+    return {"positions": positions, "q": q, "k": k, "weights": [randn(HEAD_DIM), randn(HEAD_DIM)], "cache": cache}
 
 
 KERNELS = {"rms_norm": "_rms_norm_kernel", "fused_add_rms_norm": "_rms_norm_kernel",
            "rms_norm_quant_fp8": "_rms_norm_kernel", "fused_add_rms_norm_quant_fp8": "_rms_norm_kernel",
            "per_group_quant_fp8": "_quant_fp8_kernel", "silu_and_mul": "_gated_activation_kernel",
            "silu_and_mul_quant_fp8": "_gated_activation_kernel", "qk_norm_rope": "_rotary_embedding_kernel"}
-# op name -> (inputs, call); the call takes the inputs and the op.
+# op name -> (inputs of a row count, call(inputs, op))
 CASES = {
     "rms_norm": (norm_inputs, lambda i, op: op(i["x"], i["weight"], 1e-6)),
     "fused_add_rms_norm": (norm_inputs, lambda i, op: op(i["x"], i["residual"], i["weight"], 1e-6)),
     "rms_norm_quant_fp8": (norm_inputs, lambda i, op: op(i["x"], i["weight"], 1e-6)),
     "fused_add_rms_norm_quant_fp8": (norm_inputs, lambda i, op: op(i["x"], i["residual"], i["weight"], 1e-6)),
     "per_group_quant_fp8": (norm_inputs, lambda i, op: op(i["x"])),
-    "silu_and_mul": (lambda rows: torch.randn(rows, 2 * INTERMEDIATE, dtype=torch.bfloat16, device="cuda"),
-                     lambda x, op: op(x)),
-    "silu_and_mul_quant_fp8": (lambda rows: torch.randn(rows, 2 * INTERMEDIATE, dtype=torch.bfloat16, device="cuda"),
-                               lambda x, op: op(x)),
+    "silu_and_mul": (lambda rows: randn(rows, 2 * INTERMEDIATE), lambda x, op: op(x)),
+    "silu_and_mul_quant_fp8": (lambda rows: randn(rows, 2 * INTERMEDIATE), lambda x, op: op(x)),
     "qk_norm_rope": (rope_inputs, lambda i, op: op(i["positions"], i["q"], i["k"], *i["weights"], 1e-6, i["cache"],
                                                   HEAD_DIM, True)),
 }
@@ -62,7 +61,7 @@ def test_traced_op_launches_atom_kernel_and_matches_eager(name):
     make_inputs, call = CASES[name]
     op = getattr(atom_kernels, name)
     torch._dynamo.reset()
-    set_inductor_ops(name)
+    set_inductor_ops(f"{name}:triton")
     try:
         compiled = torch.compile(lambda inputs: call(inputs, op), fullgraph=True, dynamic=True)
         for rows in (5, 300, 1031):

@@ -28,8 +28,9 @@ on CPU without the interpreter) raises :class:`BackendUnavailableError`.
 
 Under torch.compile a model's call of an op becomes the opaque custom op of :mod:`atom_kernels.opaque`,
 which runs the selected backend; the ops named in ``ATOM_INDUCTOR_OPS`` (comma-separated) are traced
-through their selected implementation instead where that is ``triton`` or ``torch``, so Inductor
-launches their Triton kernels itself, or generates its own from the torch one (:func:`set_inductor_ops`).
+through their torch implementation instead, so Inductor generates and launches their kernels, or with
+``name:triton`` through their Triton implementation, so Inductor launches ATOM's kernels itself
+(:func:`set_inductor_ops`).
 
 ``Op.calls`` counts the calls an op dispatched, eagerly or from a compiled graph run without CUDA
 graphs (a replayed CUDA graph runs the kernels without Python): tests use it to check which ops a
@@ -110,8 +111,8 @@ class Op:
         # torch.ops.atom.<name>, set for ops that models call inside torch.compile'd code
         # (see atom_kernels.opaque): Dynamo then sees one opaque node instead of the kernel.
         self.custom_op: Callable[..., Any] | None = None
-        # Traced through its selected implementation under torch.compile (set_inductor_ops).
-        self.inductor_traced = False
+        # The backend whose implementation torch.compile traces (set_inductor_ops); None: opaque.
+        self.traced_backend: str | None = None
 
     def register(self, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         if backend not in BACKENDS:
@@ -164,10 +165,8 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
-            if self.inductor_traced:
-                backend = _selected_backend(self.name, _first_tensor_device_type(args, kwargs))
-                if backend in TRACEABLE_BACKENDS:
-                    return self.impls[backend](*args, **kwargs)
+            if self.traced_backend is not None and _traces_on(self.name, _first_tensor_device_type(args, kwargs)):
+                return self.impls[self.traced_backend](*args, **kwargs)
             if self.custom_op is not None:
                 return self.custom_op(*args, **kwargs)
         return self.dispatch(*args, **kwargs)
@@ -187,10 +186,12 @@ class Op:
 
 
 @torch.compiler.assume_constant_result
-def _selected_backend(op_name: str, device_type: str) -> str:
-    """Op.select, run as plain Python while Dynamo traces (environment, device and package checks):
-    the graph gets the backend as a constant."""
-    return OPS[op_name].select(device_type)
+def _traces_on(op_name: str, device_type: str) -> bool:
+    """Whether the op's traced backend runs on ``device_type``, checked as plain Python while Dynamo
+    traces. Dynamo traces Triton launches on GPUs only (on CPU the interpreter is Python it cannot
+    follow), so there a ``triton`` op stays opaque."""
+    backend = OPS[op_name].traced_backend
+    return backend == "torch" or (device_type != "cpu" and backend_available(backend, device_type))
 
 
 def _first_tensor_device_type(args: tuple, kwargs: dict) -> str:
@@ -220,28 +221,28 @@ def reset_selection() -> None:
 INDUCTOR_OPS_VARIABLE = "ATOM_INDUCTOR_OPS"
 # Implementations made of torch ops and Triton launches only, which Dynamo traces; the others (AITER's,
 # the library GEMM's row-count branches) stay behind the opaque op.
-TRACEABLE_BACKENDS = ("triton", "torch")
+TRACEABLE_BACKENDS = ("torch", "triton")
 
 
-def set_inductor_ops(names: str | None = None) -> list[str]:
-    """Mark the ops that torch.compile traces through their selected implementation: ``names``
-    (comma-separated), by default ``ATOM_INDUCTOR_OPS``; returns them. Why: an opaque op costs the
-    host its dispatch, its Python wrapper and Triton's launch on every call (tens of microseconds),
-    which counts in steps that run without CUDA graphs (a long prefill). Traced, a Triton
-    implementation's allocations join the graph and Inductor launches its kernels with its own
-    launcher; a torch implementation becomes Inductor's kernels (``ATOM_KERNEL_BACKEND_<OP>=torch``).
-    Where the selected backend is neither, the op stays opaque. Compiled graphs keep what they traced."""
-    if names is None:
-        names = os.environ.get(INDUCTOR_OPS_VARIABLE, "")
-    chosen = [name for name in names.split(",") if name]
-    unknown = [name for name in chosen
-               if name not in OPS or not any(b in OPS[name].impls for b in TRACEABLE_BACKENDS)]
-    if unknown:
-        traceable = sorted(name for name, op in OPS.items() if any(b in op.impls for b in TRACEABLE_BACKENDS))
-        raise ValueError(f"{INDUCTOR_OPS_VARIABLE}: {', '.join(unknown)} not among the ops with a Triton or "
-                         f"torch implementation ({', '.join(traceable)})")
+def set_inductor_ops(entries: str | None = None) -> dict[str, str]:
+    """Mark the ops torch.compile traces instead of calling them opaquely: ``entries`` (``name`` or
+    ``name:backend``, comma-separated), by default ``ATOM_INDUCTOR_OPS``; returns {name: backend}.
+    Why: an opaque op costs the host a dispatch, a Python wrapper and Triton's launch per call (tens of
+    microseconds), which counts in steps without CUDA graphs (a long prefill). ``name`` traces the
+    torch implementation (Inductor's kernels); ``name:triton`` the Triton one (its allocations join
+    the graph, Inductor launches ATOM's kernels; GPUs only). Compiled graphs keep what they traced."""
+    if entries is None:
+        entries = os.environ.get(INDUCTOR_OPS_VARIABLE, "")
+    chosen = {}
+    for entry in filter(None, entries.split(",")):
+        name, _, backend = entry.partition(":")
+        backend = backend or "torch"
+        if name not in OPS or backend not in TRACEABLE_BACKENDS or backend not in OPS[name].impls:
+            traceable = sorted(f"{n}:{b}" for n, op in OPS.items() for b in TRACEABLE_BACKENDS if b in op.impls)
+            raise ValueError(f"{INDUCTOR_OPS_VARIABLE}: {entry!r} is not one of {', '.join(traceable)}")
+        chosen[name] = backend
     for name, op in OPS.items():
-        op.inductor_traced = name in chosen
+        op.traced_backend = chosen.get(name)
     return chosen
 
 
@@ -260,5 +261,6 @@ def backend_report_line(device_type: str | None = None) -> str:
         requested, _ = OPS[name].requested()
         missing = requested is not None and requested not in OPS[name].impls
         entries.append(f"{name}={backend}" + (f" (no {requested})" if missing else "")
-                       + (" (traced by torch.compile)" if OPS[name].inductor_traced else ""))
+                       + (f" ({OPS[name].traced_backend} traced by torch.compile)" if OPS[name].traced_backend
+                          else ""))
     return "atom kernels: " + ", ".join(entries)
