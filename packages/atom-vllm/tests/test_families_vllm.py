@@ -1,17 +1,15 @@
 """Llama, Mixtral, GLM-4-MoE and GPT-OSS through the real vLLM engine, greedy, fp32.
 
-One tiny config per family exercises all its features (see atom_core.testing.tiny_models and
-atom-core's test_families.py): llama3 rope and biases; Mixtral's sliding window of 16 on every
-layer; GLM's partial rotary, QK-norm, shared expert, grouped sigmoid routing with correction bias;
-GPT-OSS's alternating window-8 / full layers, sinks, biased router and experts, clamped SwiGLU, yarn.
+One tiny config per family covers its features (atom_core.testing.tiny_models): llama3 rope and
+biases; Mixtral's sliding window of 16 on every layer; GLM's partial rotary, QK-norm, shared expert,
+grouped sigmoid routing with correction bias; GPT-OSS's alternating window-8 / full layers, sinks,
+biased router and experts, clamped SwiGLU, yarn.
 
 Per family, one vLLM+ATOM run covers: 32 new tokens for prompts of 1 to 70 tokens, prefilled in
 16-token chunks next to running decodes (chunked prefill), then prompts that share a 48-token prefix
 with the first ones (prefix cache). It must equal HF transformers token for token, and so must
-vLLM's own implementation where it runs. GPT-OSS also runs at TP=2 (two CPU workers over gloo, or
-two GPUs over NCCL).
+vLLM's own implementation where it runs. GPT-OSS also runs at TP=2 (gloo on CPU, NCCL on GPUs).
 """
-
 
 import pytest
 import torch
