@@ -146,7 +146,7 @@ for step in $steps; do
     # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops traced by
     # torch.compile (set_inductor_ops): their torch implementations (Inductor's kernels), then with
     # :triton their Triton ones (ATOM's kernels launched by Inductor; stalled after CUDA-graph capture
-    # in its first run, 3a021d1, so time-limited here).
+    # in its first run, 3a021d1: time-limited, stacks dumped every 150 s).
     fp8-lone-prefill-inductor-ops) for variant in inductor-ops triton-traced; do
                                      [ $variant = inductor-ops ] && traced=$INDUCTOR_TRACEABLE_OPS \
                                        || traced=${INDUCTOR_TRACEABLE_OPS//,/:triton,}:triton
@@ -154,7 +154,7 @@ for step in $steps; do
                                        profile_source qwen3-8b-fp8-lone-prefill-$variant \
                                        --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \
                                        --decode-steps 64 --workload-prompts 0 --host-ops \
-                                       --engine-arg max_num_batched_tokens=2048
+                                       --engine-arg max_num_batched_tokens=2048 --stack-dump-after 150
                                    done ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;

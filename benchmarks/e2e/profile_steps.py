@@ -17,6 +17,7 @@ against wall time (how host-bound a step is), and the number of engine steps in 
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import re
@@ -124,7 +125,11 @@ def main() -> None:
                         help="a second prefill window with the host's ops profiled too (slower host)")
     parser.add_argument("--engine-arg", action="append", default=[], type=engine_arg, metavar="KEY=VALUE",
                         help="a further LLM argument (repeatable), as engine_run.py's")
+    parser.add_argument("--stack-dump-after", type=float, default=0,
+                        help="seconds: then every thread's Python stack goes to stderr, repeatedly (a stall)")
     args = parser.parse_args()
+    if args.stack_dump_after:
+        faulthandler.dump_traceback_later(args.stack_dump_after, repeat=True)
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("set VLLM_ENABLE_V1_MULTIPROCESSING=0: the profiler must see the engine core")
 
