@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-inductor-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only;
@@ -84,6 +84,12 @@ for step in $steps; do
     # Low-concurrency serving is where the split-K FP8 GEMMs of decode sizes show (06ddc6f).
     fp8-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \
                    --concurrencies 1,16,64 ;;
+    # The ATOM server alone with its norm / rope / activation / quant ops traced (Inductor's kernels), to
+    # set beside an fp8-serving run on the same machine.
+    fp8-serving-inductor-ops) mkdir -p "$out/serving-inductor-ops"
+                              ATOM_INDUCTOR_OPS=$INDUCTOR_TRACEABLE_OPS python3 "$here/e2e/bench_serving.py" \
+                                --out "$out/serving-inductor-ops/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \
+                                --concurrencies 1,16,64 --modes atom ;;
     # The last run keeps the FP8 cache on ATOM's kernels (on Hopper vLLM's FlashAttention-3 serves it).
     fp8-kv-offline) python3 "$here/e2e/bench_offline.py" --kv-cache-dtype fp8 --out "$out/offline-fp8-kv.json" \
                       qwen3-8b-fp8 qwen3-30b-a3b-fp8

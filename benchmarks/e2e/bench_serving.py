@@ -4,7 +4,7 @@ against each (vLLM: `vllm serve` + `vllm bench serve`; SGLang: `python -m sglang
 
     python benchmarks/e2e/bench_serving.py --out serving.json [--engine vllm|sglang] [--model qwen3-8b]
         [--concurrencies 1,8,32,128] [--random-weights | --checkpoint DIR] [--input-len 1024]
-        [--output-len 128] [--prefix-len 0] [--server-arg=--flag ...] [--profile]
+        [--output-len 128] [--prefix-len 0] [--server-arg=--flag ...] [--profile] [--modes atom]
 
 Same GPU, same run: the native server (ATOM_DISABLE_VLLM_PLUGIN=1 / ATOM_DISABLE_SGLANG_PLUGIN=1) and
 then the ATOM server, each on dummy weights of benchmarks/models/MODEL.json (or a config.json path)
@@ -16,10 +16,9 @@ For each concurrency the benchmark sends 4 x concurrency random requests (at lea
 128 output tokens, EOS ignored). Before them, an untimed warm-up burst at the highest concurrency
 (WARM_UP_OUTPUT_LEN output tokens a request) runs every batch size up to it once, so kernels an
 engine compiles on first use (vLLM's MXFP4 MoE routing does) are compiled before the timed runs.
-Each burst draws its prompts with its own seed (the warm-up 0, a timed run its concurrency): both
-benchmarks draw prompts in sequence from the seed, so with one seed a timed run's prompts would repeat
-the warm-up's and be served from the prefix cache (runs before this was fixed measured such hits:
-``docs/performance.md``).
+Each burst draws its prompts with its own seed (the warm-up 0, a timed run its concurrency): with
+one seed a timed run's prompts would repeat the warm-up's, served from the prefix cache.
+``--modes atom`` runs the ATOM server alone (an A/B of ATOM settings beside a run of both).
 A word-level tokenizer (token i <-> the word "t<i>") makes the random
 prompts exactly as long as asked. Writes one JSON (device, versions, both runs, ratio = ATOM / native
 per metric, in vLLM's metric names) and a markdown table next to it; plot_serving.py draws the PNG.
@@ -46,8 +45,7 @@ from bench_offline import atom_log_lines
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
 # How long a server may take to answer /health. vLLM alone on a block-FP8 model spends minutes in its
-# DeepGEMM warm-up on a fresh machine: Qwen3-8B-FP8 on an H200 (2026-11-28) was still not serving after
-# the 420 s this once was (warm-up 3.5 min, graphs captured at 5.4 min).
+# DeepGEMM warm-up on a fresh machine (Qwen3-8B-FP8 on an H200: graphs captured at 5.4 min).
 SERVER_TIMEOUT_S = 900.0
 METRICS = ["output_throughput", "total_token_throughput", "request_throughput",
            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -62,9 +60,8 @@ VLLM_BENCH_SERVE = [sys.executable, "-c", "import sys; from vllm.benchmarks.serv
 # sglang.bench_serving's result keys that differ from vLLM's names in METRICS.
 SGLANG_METRIC_NAMES = {"total_throughput": "total_token_throughput", "mean_e2e_latency_ms": "mean_e2el_ms",
                        "median_e2e_latency_ms": "median_e2el_ms", "p99_e2e_latency_ms": "p99_e2el_ms"}
-# Where a request's time to first token goes, from vLLM's own per-request histograms (/metrics):
-# arrival at the API server -> first token there; waiting in the engine core's queue; scheduled ->
-# first token in the engine core. The client's TTFT less the first is HTTP and streaming.
+# Where a request's time to first token goes, from vLLM's per-request histograms (/metrics): arrival
+# -> first token at the API server; queued in the engine core; scheduled -> first token in the core.
 VLLM_TTFT_PARTS = {"engine_ttft_ms": "vllm:time_to_first_token_seconds",
                    "engine_queue_ms": "vllm:request_queue_time_seconds",
                    "engine_prefill_ms": "vllm:request_prefill_time_seconds"}
@@ -411,10 +408,12 @@ def main() -> None:
                         help="a further server flag for both servers (repeatable; --server-arg=--flag)")
     parser.add_argument("--native-server-arg", action="append", default=[],
                         help="a further flag for the native server only, e.g. --native-server-arg=--moe-backend=triton "
-                             "where the host's default kernel cannot run in the environment (the report records it)")
+                             "where the host's default kernel cannot run here (the report records it)")
     parser.add_argument("--greedy-prompts", type=int, default=0,
                         help=f"after the timed runs, this many fixed prompts' {GREEDY_TOKENS} greedy tokens from each "
                              "server, and how far they agree")
+    parser.add_argument("--modes", default="native,atom",
+                        help="atom: the ATOM server only (an A/B of ATOM settings beside a run with both)")
     parser.add_argument("--profile", action="store_true",
                         help="vLLM: run the timed requests under the worker's torch profiler and summarise each "
                              "trace per step (serve_trace_summary.py); the profiler slows the host")
@@ -462,14 +461,17 @@ def main() -> None:
 
     dummy = not (args.random_weights or args.checkpoint)
     greedy = greedy_prompts(json.load(open(config_path))["vocab_size"], args.greedy_prompts)
+    modes = args.modes.split(",")
     for atom, port in ((False, 8011), (True, 8012)):
+        if ("atom" if atom else "native") not in modes:
+            continue
         server_args = args.server_arg if atom else [*args.server_arg, *args.native_server_arg]
         serve_and_bench(engine, model_dir, atom, concurrencies, workdir, port, save, dummy, workload, server_args,
                         args.profile, greedy)
     if args.random_weights:
         shutil.rmtree(model_dir)
     print(markdown(report), flush=True)
-    done = all(str(c) in report[m].get("results", {}) for m in ("native", "atom") for c in concurrencies)
+    done = all(str(c) in report[m].get("results", {}) for m in modes for c in concurrencies)
     sys.exit(0 if done else 1)
 
 
