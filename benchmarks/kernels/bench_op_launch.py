@@ -20,7 +20,6 @@ Not yet run on a GPU.
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ import atom_kernels
 from atom_kernels.registry import set_inductor_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "atom-kernels" / "tests"))
+from bench_kernels import host_us  # noqa: E402
 from test_kernels_traced_by_compile import CASES  # noqa: E402
 
 CALLS = 16
@@ -37,14 +37,9 @@ REPEATS = 50
 
 
 def host_us_per_call(fn, inputs) -> float:
+    """bench_kernels' host time of one call of ``fn`` (after a first, compiling one), per op call."""
     fn(inputs)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(REPEATS):
-        fn(inputs)
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / (REPEATS * CALLS) * 1e6
+    return host_us(lambda: fn(inputs), REPEATS) / CALLS
 
 
 def measure(name: str, rows: int) -> dict[str, float]:
