@@ -84,11 +84,10 @@ for step in $steps; do
     # Low-concurrency serving is where the split-K FP8 GEMMs of decode sizes show (06ddc6f).
     fp8-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \
                    --concurrencies 1,16,64 ;;
-    # The ATOM server alone with its norm / rope / activation / quant ops traced (Inductor's kernels) in
-    # steps above vLLM's CUDA-graph sizes, to set beside an fp8-serving run on the same machine.
+    # The ATOM server alone with its norm / rope / activation / quant ops traced (Inductor's kernels), to
+    # set beside an fp8-serving run on the same machine.
     fp8-serving-inductor-ops) mkdir -p "$out/serving-inductor-ops"
-                              ATOM_INDUCTOR_OPS=$INDUCTOR_TRACEABLE_OPS ATOM_INDUCTOR_OPS_SCOPE=eager \
-                                python3 "$here/e2e/bench_serving.py" \
+                              ATOM_INDUCTOR_OPS=$INDUCTOR_TRACEABLE_OPS python3 "$here/e2e/bench_serving.py" \
                                 --out "$out/serving-inductor-ops/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \
                                 --concurrencies 1,16,64 --modes atom ;;
     # The last run keeps the FP8 cache on ATOM's kernels (on Hopper vLLM's FlashAttention-3 serves it).
@@ -151,15 +150,14 @@ for step in $steps; do
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 \
                                 --host-ops --engine-arg max_num_batched_tokens=2048 ;;
     # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops traced by
-    # torch.compile (set_inductor_ops): their torch implementations (Inductor's kernels) in every step,
-    # then only in steps above vLLM's CUDA-graph sizes (scope eager), then their Triton implementations
-    # (:triton; stalled after CUDA-graph capture in its first run, 3a021d1: time-limited, stacks dumped).
-    fp8-lone-prefill-inductor-ops) for variant in inductor-ops inductor-eager triton-traced; do
-                                     traced=$INDUCTOR_TRACEABLE_OPS scope=all
-                                     [ $variant = inductor-eager ] && scope=eager
-                                     [ $variant = triton-traced ] && traced=${traced//,/:triton,}:triton
+    # torch.compile (set_inductor_ops): their torch implementations (Inductor's kernels), then with
+    # :triton their Triton ones (ATOM's kernels launched by Inductor; stalled after CUDA-graph capture
+    # in its first run, 3a021d1: time-limited, stacks dumped every 150 s).
+    fp8-lone-prefill-inductor-ops) for variant in inductor-ops triton-traced; do
+                                     [ $variant = inductor-ops ] && traced=$INDUCTOR_TRACEABLE_OPS \
+                                       || traced=${INDUCTOR_TRACEABLE_OPS//,/:triton,}:triton
                                      PROFILE_MODES=atom PROFILE_TIMEOUT=600 ATOM_INDUCTOR_OPS=$traced \
-                                       ATOM_INDUCTOR_OPS_SCOPE=$scope profile_source qwen3-8b-fp8-lone-prefill-$variant \
+                                       profile_source qwen3-8b-fp8-lone-prefill-$variant \
                                        --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \
                                        --decode-steps 64 --workload-prompts 0 --host-ops \
                                        --engine-arg max_num_batched_tokens=2048 --stack-dump-after 150

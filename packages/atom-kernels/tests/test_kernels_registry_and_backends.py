@@ -112,9 +112,8 @@ def test_global_request_skips_ops_without_that_backend(clean_selection):
 
 
 def test_inductor_ops_are_checked_and_reported():
-    """ATOM_INDUCTOR_OPS entries are ``name`` (its torch implementation traced) or ``name:triton``,
-    ATOM_INDUCTOR_OPS_SCOPE ``all`` or ``eager`` (torch entries only); the report line marks them, and
-    anything else is an error naming the entry or scope."""
+    """ATOM_INDUCTOR_OPS entries are ``name`` (its torch implementation traced) or ``name:triton``;
+    the report line marks them, and anything else is an error naming the entry."""
     try:
         assert atom_kernels.set_inductor_ops("rms_norm,silu_and_mul:triton") == {"rms_norm": "torch",
                                                                                   "silu_and_mul": "triton"}
@@ -126,13 +125,6 @@ def test_inductor_ops_are_checked_and_reported():
         for entry in ("no_such_op", "rms_norm:aiter", "fp8_block_scaled_mm:torchlib"):
             with pytest.raises(ValueError, match=f"ATOM_INDUCTOR_OPS: '{entry}'"):
                 atom_kernels.set_inductor_ops(entry)
-        with pytest.raises(ValueError, match="'silu_and_mul:triton' with ATOM_INDUCTOR_OPS_SCOPE=eager"):
-            atom_kernels.set_inductor_ops("silu_and_mul:triton", scope="eager")
-        with pytest.raises(ValueError, match="ATOM_INDUCTOR_OPS_SCOPE='prefill'"):
-            atom_kernels.set_inductor_ops("rms_norm", scope="prefill")
-        atom_kernels.set_inductor_ops("rms_norm", scope="eager")
-        assert "rms_norm=triton (torch traced by torch.compile above CUDA-graph sizes)" in \
-            atom_kernels.backend_report_line(DEVICE.type)
     finally:
         atom_kernels.set_inductor_ops("")
     assert not any(op.traced_backend for op in OPS.values())

@@ -44,20 +44,6 @@ def test_field(translated, name, expected):
     assert field(atom_config, name) == expected(vllm_config, kwargs)
 
 
-@pytest.mark.parametrize("mode, enforce_eager, expected", [("FULL_AND_PIECEWISE", False, 64), ("PIECEWISE", False, 64),
-                                                           ("FULL_AND_PIECEWISE", True, 0), ("NONE", False, 0)])
-def test_graph_max_tokens_is_the_largest_cuda_graph(tiny_model_dir, mode, enforce_eager, expected):
-    """Steps above it run eagerly (ATOM_INDUCTOR_OPS_SCOPE=eager); the CPU build runs no CUDA graphs,
-    so the GPU settings are put on a real VllmConfig by hand."""
-    from vllm.config import CUDAGraphMode
-
-    vllm_config = EngineArgs(model=tiny_model_dir("Qwen3ForCausalLM"), dtype="float32",
-                             max_model_len=256).create_engine_config()
-    vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[mode]
-    vllm_config.compilation_config.max_cudagraph_capture_size = 64
-    vllm_config.model_config.enforce_eager = enforce_eager
-    assert atom_config_from_vllm(vllm_config).compilation_config.graph_max_tokens == expected
-
 
 def test_speculative_decoding_reaches_the_takeover_decision(tiny_model_dir):
     """vLLM's draft-token count is what hands Qwen3-Next's recurrent state back to vLLM."""

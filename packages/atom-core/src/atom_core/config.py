@@ -25,9 +25,6 @@ class CompilationLevel(enum.IntEnum):
 @dataclass
 class CompilationConfig:
     level: CompilationLevel = CompilationLevel.NO_COMPILATION
-    # The most tokens a step the host runs as a CUDA graph holds (0: none): steps above it run the
-    # compiled graph eagerly (atom_core.compile.backend, ATOM_INDUCTOR_OPS_SCOPE=eager).
-    graph_max_tokens: int = 0
 
 
 @dataclass

@@ -18,49 +18,30 @@ from atom_kernels.triton_utils import cdiv, next_pow2
 
 @triton.jit
 def _sum_rows_kernel(rows_ptr, out_ptr, width, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[t] = sum over r of rows[t * ROWS + r] (fp32 accumulation), for one BLOCK_D slice."""
+    """out[t] = sum over r of rows[t * ROWS + r], for one BLOCK_D slice."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = cols < width
     acc = tl.zeros([BLOCK_D], tl.float32)
     for r in tl.static_range(ROWS):
-        acc += tl.load(rows_ptr + (token * ROWS + r) * width + cols, mask=mask, other=0.0).to(
-            tl.float32
-        )
+        acc += tl.load(rows_ptr + (token * ROWS + r) * width + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token * width + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def sum_expert_rows(
-    rows: torch.Tensor, num_tokens: int, rows_per_token: int, dtype: torch.dtype
-) -> torch.Tensor:
+def sum_expert_rows(rows: torch.Tensor, num_tokens: int, rows_per_token: int, dtype: torch.dtype) -> torch.Tensor:
     """[num_tokens, width] in ``dtype``: each token's ``rows_per_token`` consecutive rows of
     ``rows`` [num_tokens * rows_per_token, width] summed in fp32."""
     width = rows.shape[1]
     out = torch.empty((num_tokens, width), dtype=dtype, device=rows.device)
     block_d = min(1024, next_pow2(width))
-    _sum_rows_kernel[(num_tokens, cdiv(width, block_d))](
-        rows, out, width, ROWS=rows_per_token, BLOCK_D=block_d, num_warps=4
-    )
+    _sum_rows_kernel[(num_tokens, cdiv(width, block_d))](rows, out, width, ROWS=rows_per_token, BLOCK_D=block_d,
+                                                         num_warps=4)
     return out
 
 
 @triton.jit(do_not_specialize=["split_k"])
-def _gated_partials_kernel(
-    partials_ptr,
-    out_ptr,
-    bias_ptr,
-    expert_ids_ptr,
-    n,
-    split_k,
-    bias_stride_e,
-    gate_up_step,
-    up_offset,
-    alpha,
-    limit,
-    ACT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _gated_partials_kernel(partials_ptr, out_ptr, bias_ptr, expert_ids_ptr, n, split_k, bias_stride_e, gate_up_step,
+                           up_offset, alpha, limit, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
     entry = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < n
@@ -73,9 +54,7 @@ def _gated_partials_kernel(
     if HAS_BIAS:
         bias_row = bias_ptr + tl.load(expert_ids_ptr + entry).to(tl.int64) * bias_stride_e
         gate += tl.load(bias_row + cols * gate_up_step, mask=mask, other=0.0).to(tl.float32)
-        up += tl.load(bias_row + cols * gate_up_step + up_offset, mask=mask, other=0.0).to(
-            tl.float32
-        )
+        up += tl.load(bias_row + cols * gate_up_step + up_offset, mask=mask, other=0.0).to(tl.float32)
     out = apply_gated_activation(gate, up, ACT, alpha, limit)
     tl.store(out_ptr + entry * n + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -101,19 +80,5 @@ def reduce_gated_partials(
     entries, n = out.shape
     block_n = min(1024, next_pow2(n))
     _gated_partials_kernel[(entries, cdiv(n, block_n))](
-        partials,
-        out,
-        bias,
-        expert_ids,
-        n,
-        split_k,
-        bias.stride(0) if bias is not None else 0,
-        gate_up_step,
-        up_offset,
-        alpha,
-        limit,
-        ACT=act,
-        HAS_BIAS=bias is not None,
-        BLOCK_N=block_n,
-        num_warps=4,
-    )
+        partials, out, bias, expert_ids, n, split_k, bias.stride(0) if bias is not None else 0, gate_up_step,
+        up_offset, alpha, limit, ACT=act, HAS_BIAS=bias is not None, BLOCK_N=block_n, num_warps=4)

@@ -53,12 +53,11 @@ def new_scales(rows, groups, device: torch.device) -> torch.Tensor:
 
 def as_group_major(scale: torch.Tensor) -> torch.Tensor:
     """``scale`` [rows, groups] in :func:`new_scales`' layout: a view where its memory has that
-    layout already (per-token [rows, 1] scales stored contiguously among them), else a copy (without
-    in-place ops: Inductor may trace this as a decomposition, atom_core.compile.backend)."""
+    layout already (per-token [rows, 1] scales stored contiguously among them), else a copy."""
     rows, groups = scale.shape
     if scale.stride() == (1, rows) or (groups == 1 and scale.stride(0) == 1):
         return scale.as_strided((rows, groups), (1, rows))
-    return scale.t().contiguous().t()
+    return new_scales(rows, groups, scale.device).copy_(scale)
 
 
 def fp8_dtype_max(dtype: torch.dtype) -> float:

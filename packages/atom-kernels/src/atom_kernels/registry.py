@@ -165,8 +165,7 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
-            if (self.traced_backend is not None and _inductor_scope == "all"
-                    and _traces_on(self.name, _first_tensor_device_type(args, kwargs))):
+            if self.traced_backend is not None and _traces_on(self.name, _first_tensor_device_type(args, kwargs)):
                 return self.impls[self.traced_backend](*args, **kwargs)
             if self.custom_op is not None:
                 return self.custom_op(*args, **kwargs)
@@ -220,29 +219,20 @@ def reset_selection() -> None:
 
 
 INDUCTOR_OPS_VARIABLE = "ATOM_INDUCTOR_OPS"
-INDUCTOR_SCOPE_VARIABLE = "ATOM_INDUCTOR_OPS_SCOPE"
-_inductor_scope = "all"
 # Implementations made of torch ops and Triton launches only, which Dynamo traces; the others (AITER's,
 # the library GEMM's row-count branches) stay behind the opaque op.
 TRACEABLE_BACKENDS = ("torch", "triton")
 
 
-def set_inductor_ops(entries: str | None = None, scope: str | None = None) -> dict[str, str]:
+def set_inductor_ops(entries: str | None = None) -> dict[str, str]:
     """Mark the ops torch.compile traces instead of calling them opaquely: ``entries`` (``name`` or
     ``name:backend``, comma-separated), by default ``ATOM_INDUCTOR_OPS``; returns {name: backend}.
     Why: an opaque op costs the host a dispatch, a Python wrapper and Triton's launch per call (tens of
     microseconds), which counts in steps without CUDA graphs (a long prefill). ``name`` traces the
     torch implementation (Inductor's kernels); ``name:triton`` the Triton one (its allocations join
-    the graph, Inductor launches ATOM's kernels; GPUs only). Compiled graphs keep what they traced.
-    ``scope`` (default ``ATOM_INDUCTOR_OPS_SCOPE``): ``all`` (the default) traces them in every step;
-    ``eager`` (torch entries only) keeps them opaque in the graph the host captures as CUDA graphs and
-    traces them in a second compilation for larger steps (:func:`eager_step_decompositions`)."""
-    global _inductor_scope
+    the graph, Inductor launches ATOM's kernels; GPUs only). Compiled graphs keep what they traced."""
     if entries is None:
         entries = os.environ.get(INDUCTOR_OPS_VARIABLE, "")
-    scope = scope or os.environ.get(INDUCTOR_SCOPE_VARIABLE) or "all"
-    if scope not in ("all", "eager"):
-        raise ValueError(f"{INDUCTOR_SCOPE_VARIABLE}={scope!r}: expected 'all' or 'eager'")
     chosen = {}
     for entry in filter(None, entries.split(",")):
         name, _, backend = entry.partition(":")
@@ -250,24 +240,10 @@ def set_inductor_ops(entries: str | None = None, scope: str | None = None) -> di
         if name not in OPS or backend not in TRACEABLE_BACKENDS or backend not in OPS[name].impls:
             traceable = sorted(f"{n}:{b}" for n, op in OPS.items() for b in TRACEABLE_BACKENDS if b in op.impls)
             raise ValueError(f"{INDUCTOR_OPS_VARIABLE}: {entry!r} is not one of {', '.join(traceable)}")
-        if scope == "eager" and backend != "torch":
-            raise ValueError(f"{INDUCTOR_OPS_VARIABLE}: {entry!r} with {INDUCTOR_SCOPE_VARIABLE}=eager: "
-                             "that scope traces torch implementations only")
         chosen[name] = backend
     for name, op in OPS.items():
         op.traced_backend = chosen.get(name)
-    _inductor_scope = scope
     return chosen
-
-
-def eager_step_decompositions() -> dict[Any, Callable[..., Any]]:
-    """With ``ATOM_INDUCTOR_OPS_SCOPE=eager``: {opaque op overload: its torch implementation} for the
-    named ops, the decompositions a compile backend hands Inductor for the variant of a graph that
-    runs steps larger than the host's CUDA graphs; else {}."""
-    if _inductor_scope != "eager":
-        return {}
-    return {op.custom_op.default: op.impls["torch"] for op in OPS.values()
-            if op.traced_backend and op.custom_op is not None}
 
 
 def backend_report(device_type: str | None = None) -> dict[str, str]:
@@ -285,7 +261,6 @@ def backend_report_line(device_type: str | None = None) -> str:
         requested, _ = OPS[name].requested()
         missing = requested is not None and requested not in OPS[name].impls
         entries.append(f"{name}={backend}" + (f" (no {requested})" if missing else "")
-                       + (f" ({OPS[name].traced_backend} traced by torch.compile"
-                          + (" above CUDA-graph sizes)" if _inductor_scope == "eager" else ")")
-                          if OPS[name].traced_backend else ""))
+                       + (f" ({OPS[name].traced_backend} traced by torch.compile)" if OPS[name].traced_backend
+                          else ""))
     return "atom kernels: " + ", ".join(entries)

@@ -10,8 +10,6 @@
 | max_model_len            | model_config.max_model_len                        |
 | compilation level        | compilation_config.mode (0-3, same numbering), or |
 |                          | additional_config["atom_compilation_level"]       |
-| graph_max_tokens         | compilation_config.max_cudagraph_capture_size     |
-|                          | (0 with CUDA graphs off)                          |
 """
 
 from __future__ import annotations
@@ -63,15 +61,5 @@ def atom_config_from_vllm(vllm_config: Any) -> Config:
         hf_config=language_model_config(model_config.hf_config, model_config.hf_text_config),
         torch_dtype=model_config.dtype,
         max_model_len=model_config.max_model_len,
-        compilation_config=CompilationConfig(level=CompilationLevel(int(level)),
-                                             graph_max_tokens=cuda_graph_max_tokens(vllm_config)),
+        compilation_config=CompilationConfig(level=CompilationLevel(int(level))),
     )
-
-
-def cuda_graph_max_tokens(vllm_config: Any) -> int:
-    """The most tokens of a step vLLM runs as a CUDA graph (piecewise or full), 0 without graphs."""
-    compilation = vllm_config.compilation_config
-    mode = getattr(compilation.cudagraph_mode, "name", "NONE")
-    if mode == "NONE" or vllm_config.model_config.enforce_eager:
-        return 0
-    return compilation.max_cudagraph_capture_size or 0

@@ -6,18 +6,12 @@ piece's inputs and compiles each non-attention piece with ``compile_fx``. Attent
 opaque calls into the host's attention. A host can wrap compiled pieces (vLLM: its piecewise CUDA
 graph wrapper) through :func:`set_piece_wrapper`.
 
-With ``ATOM_INDUCTOR_OPS_SCOPE=eager`` (atom_kernels.registry.set_inductor_ops) each graph is
-compiled twice: as traced, for the steps the host captures as CUDA graphs (ATOM's opaque ops), and
-with the named ops decomposed into their torch implementations, for larger steps, which run eagerly
-and where Inductor's launches cost the host less than the opaque ops (:class:`TokenCountSwitch`).
-
 Compiled artefacts go to Inductor's FX-graph cache under a directory keyed by ATOM's compile
 config, the traced source and the torch version; hits and misses are logged.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import time
@@ -30,7 +24,6 @@ from torch._guards import detect_fake_mode
 
 from atom_core.compile.split import split_graph
 from atom_core.log import logger
-from atom_kernels.registry import eager_step_decompositions
 
 # (compiled piece, piece index, number of compiled pieces) -> callable the graph will call instead.
 PieceWrapper = Callable[[Callable[..., Any], int, int], Callable[..., Any]]
@@ -48,46 +41,13 @@ def compile_cache_dir(key_parts: list[str]) -> str:
     return os.path.join(root, "compile", digest)
 
 
-class TokenCountSwitch:
-    """Runs ``graphed`` for steps of at most ``max_tokens`` tokens (those the host captures as CUDA
-    graphs) and ``eager`` for larger ones; the step's token count is dim 0 of input ``index``."""
-
-    def __init__(self, graphed: Callable[..., Any], eager: Callable[..., Any], index: int, max_tokens: int):
-        self.graphed, self.eager, self.index, self.max_tokens = graphed, eager, index, max_tokens
-
-    def __call__(self, *args):
-        return (self.eager if args[self.index].shape[0] > self.max_tokens else self.graphed)(*args)
-
-
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, graph_max_tokens: int) -> Callable[..., Any]:
-    """``compile_fx`` of ``gm``, or the two compilations of the module docstring."""
-    from torch._inductor.compile_fx import compile_fx
-    from torch._inductor.decomposition import select_decomp_table
-
-    decompositions = eager_step_decompositions()
-    if not decompositions:
-        return compile_fx(gm, example_inputs)
-    # A copy of the graph: Inductor's passes rewrite the one they compile. Without AOTAutograd's cache,
-    # whose key leaves decompositions out (torch 2.11): the two variants would share its entry.
-    # Inductor's own cache keys the graph after decomposition.
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        eager = compile_fx(torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)), example_inputs,
-                           decompositions={**select_decomp_table(), **decompositions})
-    index = next((i for i, x in enumerate(example_inputs)
-                  if isinstance(x, torch.Tensor) and x.dim() and isinstance(x.shape[0], torch.SymInt)), None)
-    if graph_max_tokens <= 0 or index is None:
-        return eager
-    return TokenCountSwitch(compile_fx(gm, example_inputs), eager, index, graph_max_tokens)
-
-
 class _PieceCompiler(torch.fx.Interpreter):
     """Runs the split module on fake inputs, compiling each non-attention piece on the way."""
 
-    def __init__(self, module: torch.fx.GraphModule, compile_names: set[str], fake_mode, graph_max_tokens: int):
+    def __init__(self, module: torch.fx.GraphModule, compile_names: set[str], fake_mode):
         super().__init__(module)
         self.compile_names = compile_names
         self.fake_mode = fake_mode
-        self.graph_max_tokens = graph_max_tokens
         self.compiled: dict[str, Callable[..., Any]] = {}
 
     def run(self, *args):
@@ -99,29 +59,33 @@ class _PieceCompiler(torch.fx.Interpreter):
     def call_module(self, target, args, kwargs):
         output = super().call_module(target, args, kwargs)
         if target in self.compile_names:
-            self.compiled[target] = compile_graph(self.fetch_attr(target), list(args), self.graph_max_tokens)
+            from torch._inductor.compile_fx import compile_fx
+
+            submodule = self.fetch_attr(target)
+            self.compiled[target] = compile_fx(submodule, list(args))
         return output
 
 
 class ATOMCompileBackend:
-    def __init__(self, split: bool, cache_key: list[str], graph_max_tokens: int = 0):
+    def __init__(self, split: bool, cache_key: list[str]):
         self.split = split
-        self.graph_max_tokens = graph_max_tokens
         self.cache_dir = compile_cache_dir(cache_key)
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx
+
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.cache_dir
         hits0 = counters["inductor"]["fxgraph_cache_hit"]
         misses0 = counters["inductor"]["fxgraph_cache_miss"]
         start = time.perf_counter()
         if not self.split:
-            compiled = compile_graph(graph, example_inputs, self.graph_max_tokens)
+            compiled = compile_fx(graph, example_inputs)
             self._log(start, hits0, misses0, pieces=1, splits=0)
             return compiled
 
         split_gm, items = split_graph(graph)
         to_compile = [item.submod_name for item in items if not item.is_splitting_graph]
-        compiler = _PieceCompiler(split_gm, set(to_compile), detect_fake_mode(example_inputs), self.graph_max_tokens)
+        compiler = _PieceCompiler(split_gm, set(to_compile), detect_fake_mode(example_inputs))
         compiler.run(*example_inputs)
         for index, name in enumerate(to_compile):
             piece = compiler.compiled[name]

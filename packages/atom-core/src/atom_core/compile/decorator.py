@@ -16,21 +16,21 @@ from typing import Any
 import torch
 
 from atom_core.compile.backend import ATOMCompileBackend
-from atom_core.config import CompilationConfig, CompilationLevel, Config, get_current_atom_config
+from atom_core.config import CompilationLevel, Config, get_current_atom_config
 
 # Each argument's token dimension.
 DYNAMIC_ARGS = {"input_ids": 0, "positions": -1, "inputs_embeds": 0}
 
 
-def _compilation_config(args: tuple, kwargs: dict) -> CompilationConfig:
-    """That of the Config the trunk is built with (else the process's current Config)."""
+def _compile_level(args: tuple, kwargs: dict) -> CompilationLevel:
+    """The level of the Config the trunk is built with (else the process's current Config)."""
     config = next((a for a in (*args, *kwargs.values()) if isinstance(a, Config)), None)
     if config is None:
         try:
             config = get_current_atom_config()
         except RuntimeError:  # standalone use without a Config: eager
-            return CompilationConfig()
-    return config.compilation_config
+            return CompilationLevel.NO_COMPILATION
+    return config.compilation_config.level
 
 
 def support_torch_compile(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
@@ -41,11 +41,11 @@ def support_torch_compile(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        self._atom_compilation = _compilation_config(args, kwargs)
+        self._atom_compile_level = _compile_level(args, kwargs)
         self._atom_compiled = None
 
     def forward(self, *args: Any, **kwargs: Any):
-        level = self._atom_compilation.level
+        level = self._atom_compile_level
         if level == CompilationLevel.NO_COMPILATION or torch.compiler.is_compiling():
             return eager_forward(self, *args, **kwargs)
         if self._atom_compiled is None:
@@ -59,7 +59,6 @@ def support_torch_compile(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             backend = ATOMCompileBackend(
                 split=level == CompilationLevel.PIECEWISE,
-                graph_max_tokens=self._atom_compilation.graph_max_tokens,
                 cache_key=[cls.__qualname__, str(int(level)), _source_digest(source_file)],
             )
             self._atom_compiled = torch.compile(
