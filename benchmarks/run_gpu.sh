@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-inductor-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only;
@@ -84,12 +84,12 @@ for step in $steps; do
     # Low-concurrency serving is where the split-K FP8 GEMMs of decode sizes show (06ddc6f).
     fp8-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \
                    --concurrencies 1,16,64 ;;
-    # The ATOM server alone with its norm / rope / activation / quant ops traced (Inductor's kernels), to
-    # set beside an fp8-serving run on the same machine.
-    fp8-serving-inductor-ops) mkdir -p "$out/serving-inductor-ops"
-                              ATOM_INDUCTOR_OPS=$INDUCTOR_TRACEABLE_OPS python3 "$here/e2e/bench_serving.py" \
-                                --out "$out/serving-inductor-ops/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \
-                                --concurrencies 1,16,64 --modes atom ;;
+    # The ATOM server alone with its norm / rope / activation / quant ops called opaquely (traced as
+    # Triton by default since 2026-11-29), to set beside an fp8-serving run on the same machine.
+    fp8-serving-opaque-ops) mkdir -p "$out/serving-opaque-ops"
+                            ATOM_INDUCTOR_OPS=none python3 "$here/e2e/bench_serving.py" \
+                              --out "$out/serving-opaque-ops/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \
+                              --concurrencies 1,16,64 --modes atom ;;
     # The last run keeps the FP8 cache on ATOM's kernels (on Hopper vLLM's FlashAttention-3 serves it).
     fp8-kv-offline) python3 "$here/e2e/bench_offline.py" --kv-cache-dtype fp8 --out "$out/offline-fp8-kv.json" \
                       qwen3-8b-fp8 qwen3-30b-a3b-fp8
@@ -149,18 +149,15 @@ for step in $steps; do
                               profile_source qwen3-8b-fp8-lone-prefill --config "$here/models/qwen3-8b-fp8.json" \
                                 --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 \
                                 --host-ops --engine-arg max_num_batched_tokens=2048 ;;
-    # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops traced by
-    # torch.compile (set_inductor_ops): their torch implementations (Inductor's kernels), then with
-    # :triton their Triton ones (ATOM's kernels launched by Inductor; stalled after CUDA-graph capture
-    # in its first run, 3a021d1: time-limited, stacks dumped every 150 s).
-    fp8-lone-prefill-inductor-ops) for variant in inductor-ops triton-traced; do
-                                     [ $variant = inductor-ops ] && traced=$INDUCTOR_TRACEABLE_OPS \
-                                       || traced=${INDUCTOR_TRACEABLE_OPS//,/:triton,}:triton
+    # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops called opaquely
+    # (ATOM_INDUCTOR_OPS=none), then with their torch implementations traced (Inductor's kernels).
+    fp8-lone-prefill-inductor-ops) for variant in opaque inductor-ops; do
+                                     [ $variant = opaque ] && traced=none || traced=$INDUCTOR_TRACEABLE_OPS
                                      PROFILE_MODES=atom PROFILE_TIMEOUT=600 ATOM_INDUCTOR_OPS=$traced \
                                        profile_source qwen3-8b-fp8-lone-prefill-$variant \
                                        --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \
                                        --decode-steps 64 --workload-prompts 0 --host-ops \
-                                       --engine-arg max_num_batched_tokens=2048 --stack-dump-after 150
+                                       --engine-arg max_num_batched_tokens=2048
                                    done ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;

@@ -88,13 +88,15 @@ def atom_log_lines(lines: list[str], limit: int) -> list[str]:
 
 
 def short_backend_report(line: str) -> str:
-    """The startup line "atom kernels: op=backend, ..." with the ops on triton left out."""
+    """The startup line "atom kernels: op=backend, ...[; traced by torch.compile: ...]" with the ops on
+    triton left out of its first part."""
     report = BACKEND_REPORT.search(line)
     if not report:
         return line
-    others = [item for item in report.group(1).split(", ") if not item.endswith("=triton")]
+    backends, _, traced = report.group(1).partition("; ")
+    others = [item for item in backends.split(", ") if not item.endswith("=triton")]
     return line[:report.start(1)] + (", ".join(others) + " (others: triton)" if others else "all triton") + \
-        line[report.end(1):]
+        (f"; {traced}" if traced else "") + line[report.end(1):]
 
 
 def read_run(out: str, error: str | None = None) -> dict:

@@ -3,18 +3,18 @@
     python benchmarks/kernels/bench_op_launch.py --out launch.json [--rows 1,1024]
 
 - eager: ``atom_kernels.<op>(...)`` (registry dispatch, the Python wrapper, Triton's launcher);
-- opaque: inside a torch.compile'd function, the opaque custom op ``torch.ops.atom.<op>`` (what a
-  compiled model runs by default: the dispatcher's call into Python, then the eager path);
+- opaque: inside a torch.compile'd function, the opaque custom op ``torch.ops.atom.<op>``
+  (ATOM_INDUCTOR_OPS=none; the default before 2026-11-29): the dispatcher's call into Python, then eager;
 - inductor: inside a torch.compile'd function with ATOM_INDUCTOR_OPS=<op> (its torch implementation
   traced: Inductor's own kernels);
 - triton: the same with ATOM_INDUCTOR_OPS=<op>:triton (its Triton implementation traced: Inductor
-  allocates the outputs and launches ATOM's kernel itself).
+  allocates the outputs and launches ATOM's kernel itself; the default on GPUs).
 
 This is what a step outside CUDA graphs (a long prefill) pays per op on the host. Each compiled
 function calls the op CALLS times (on distinct inputs), so Dynamo's per-call guard and graph entry
 are spread over them; the GPU work at one row is far below the host time, so the loop measures the
 host. Inputs as in the GPU test of the traced path (atom-kernels' test_kernels_traced_by_compile.py).
-Not yet run on a GPU.
+Results: benchmarks/results/traced-ops-h200-qwen3-8b-fp8.json (op_launch_host_us).
 """
 
 import argparse
@@ -52,13 +52,13 @@ def measure(name: str, rows: int) -> dict[str, float]:
         return [call(one, op) for one in inputs]
 
     result = {"eager": host_us_per_call(calls, inputs)}
-    for mode, traced in (("opaque", ""), ("inductor", name), ("triton", f"{name}:triton")):
+    for mode, traced in (("opaque", "none"), ("inductor", name), ("triton", f"{name}:triton")):
         torch._dynamo.reset()
         set_inductor_ops(traced)
         try:
             result[mode] = host_us_per_call(torch.compile(calls, fullgraph=True, dynamic=True), inputs)
         finally:
-            set_inductor_ops("")
+            set_inductor_ops()
     torch._dynamo.reset()
     return result
 

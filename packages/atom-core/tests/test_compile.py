@@ -100,7 +100,7 @@ def test_ops_traced_for_inductor_match_eager(tiny_model_dir, fp8_form, tolerance
             rel = ((got - expected).norm() / expected.norm()).item()
             assert rel <= tolerance, f"lengths {lengths}: relative error {rel:.2e}"
     finally:
-        set_inductor_ops("")
+        set_inductor_ops()
 
 
 def test_split_graph_places_each_attention_in_its_own_piece():

@@ -10,6 +10,9 @@ import atom_kernels
 from atom_kernels import BackendUnavailableError, reset_selection
 from atom_kernels.registry import OPS, Op
 
+DEFAULT_TRACED = ("rms_norm", "fused_add_rms_norm", "qk_norm_rope", "silu_and_mul", "rms_norm_quant_fp8",
+                  "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8", "per_group_quant_fp8")
+
 # Ops that AITER has no adapter for yet: Qwen3-Next's linear attention, MLA's expanded keys, the
 # norm and activation that quantise their output to fp8, and Quark's emulated W4A4 (AITER's MXFP4 ops
 # pack activations for FP4 matrix units; on ROCm the Triton kernels run).
@@ -111,23 +114,30 @@ def test_global_request_skips_ops_without_that_backend(clean_selection):
         op.select(DEVICE.type)
 
 
-def test_inductor_ops_are_checked_and_reported():
-    """ATOM_INDUCTOR_OPS entries are ``name`` (its torch implementation traced) or ``name:triton``;
-    the report line marks them, and anything else is an error naming the entry."""
+def test_inductor_ops_are_checked_and_reported(clean_selection):
+    """Unset, ATOM_INDUCTOR_OPS traces the eight norm / rope / activation / quant ops through their
+    Triton implementations; ``none`` none; entries are ``name`` (its torch implementation traced) or
+    ``name:triton``, anything else an error naming the entry. The report line lists the ops traced on
+    the device: ``:triton`` ones on GPUs only, and only where Triton is the op's backend."""
+    clean_selection.delenv("ATOM_INDUCTOR_OPS", raising=False)
     try:
+        assert atom_kernels.set_inductor_ops() == {name: "triton" for name in DEFAULT_TRACED}
+        clean_selection.setenv("ATOM_INDUCTOR_OPS", "none")
+        assert atom_kernels.set_inductor_ops() == {}
+        assert "traced" not in atom_kernels.backend_report_line(DEVICE.type)
         assert atom_kernels.set_inductor_ops("rms_norm,silu_and_mul:triton") == {"rms_norm": "torch",
                                                                                   "silu_and_mul": "triton"}
-        line = atom_kernels.backend_report_line(DEVICE.type)
-        entries = dict(entry.split("=", 1) for entry in line.removeprefix("atom kernels: ").split(", "))
-        assert entries["rms_norm"].endswith(" (torch traced by torch.compile)")
-        assert entries["silu_and_mul"].endswith(" (triton traced by torch.compile)")
-        assert "traced" not in entries["fused_add_rms_norm"]
+        traced = "; traced by torch.compile: rms_norm:torch"
+        assert atom_kernels.backend_report_line(DEVICE.type).endswith(traced + (", silu_and_mul:triton" * ON_GPU))
+        clean_selection.setenv("ATOM_KERNEL_BACKEND_SILU_AND_MUL", "torch")
+        reset_selection()
+        assert atom_kernels.backend_report_line(DEVICE.type).endswith(traced)
         for entry in ("no_such_op", "rms_norm:aiter", "fp8_block_scaled_mm:torchlib"):
             with pytest.raises(ValueError, match=f"ATOM_INDUCTOR_OPS: '{entry}'"):
                 atom_kernels.set_inductor_ops(entry)
     finally:
-        atom_kernels.set_inductor_ops("")
-    assert not any(op.traced_backend for op in OPS.values())
+        clean_selection.delenv("ATOM_INDUCTOR_OPS", raising=False)
+        atom_kernels.set_inductor_ops()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU side (GPUs: test_kernels_traced_by_compile)")
@@ -145,7 +155,7 @@ def test_traced_triton_ops_stay_opaque_on_cpu(entry, dispatched):
         torch.testing.assert_close(compiled(x), atom_kernels.rms_norm.impl("torch")(x, weight, 1e-6))
         assert (atom_kernels.rms_norm.calls > calls) == dispatched
     finally:
-        atom_kernels.set_inductor_ops("")
+        atom_kernels.set_inductor_ops()
         torch._dynamo.reset()
 
 

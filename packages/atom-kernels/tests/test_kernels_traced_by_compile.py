@@ -77,5 +77,5 @@ def test_traced_op_launches_atom_kernel_and_matches_eager(name):
                 assert g.shape == e.shape and g.dtype == e.dtype and g.stride() == e.stride()
                 assert torch.equal(g.float(), e.float()), f"{name} at {rows} rows differs from eager"
     finally:
-        set_inductor_ops("")
+        set_inductor_ops()
         torch._dynamo.reset()

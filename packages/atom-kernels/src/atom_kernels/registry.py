@@ -27,10 +27,9 @@ A forced backend that the op has but that cannot run on the device (``aiter`` of
 on CPU without the interpreter) raises :class:`BackendUnavailableError`.
 
 Under torch.compile a model's call of an op becomes the opaque custom op of :mod:`atom_kernels.opaque`,
-which runs the selected backend; the ops named in ``ATOM_INDUCTOR_OPS`` (comma-separated) are traced
-through their torch implementation instead, so Inductor generates and launches their kernels, or with
-``name:triton`` through their Triton implementation, so Inductor launches ATOM's kernels itself
-(:func:`set_inductor_ops`).
+which runs the selected backend; the ops of ``ATOM_INDUCTOR_OPS`` are traced instead (by default the
+norm, rope, activation and quantization ops whose backend is Triton: Inductor launches ATOM's kernels
+itself; :func:`set_inductor_ops`).
 
 ``Op.calls`` counts the calls an op dispatched, eagerly or from a compiled graph run without CUDA
 graphs (a replayed CUDA graph runs the kernels without Python): tests use it to check which ops a
@@ -165,7 +164,7 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
-            if self.traced_backend is not None and _traces_on(self.name, _first_tensor_device_type(args, kwargs)):
+            if _traces_on(self.name, _first_tensor_device_type(args, kwargs)):
                 return self.impls[self.traced_backend](*args, **kwargs)
             if self.custom_op is not None:
                 return self.custom_op(*args, **kwargs)
@@ -187,11 +186,13 @@ class Op:
 
 @torch.compiler.assume_constant_result
 def _traces_on(op_name: str, device_type: str) -> bool:
-    """Whether the op's traced backend runs on ``device_type``, checked as plain Python while Dynamo
-    traces. Dynamo traces Triton launches on GPUs only (on CPU the interpreter is Python it cannot
-    follow), so there a ``triton`` op stays opaque."""
-    backend = OPS[op_name].traced_backend
-    return backend == "torch" or (device_type != "cpu" and backend_available(backend, device_type))
+    """Whether the op is traced on ``device_type``, checked as plain Python while Dynamo traces. A
+    ``triton`` entry is traced where Triton is the op's backend (not where ATOM_KERNEL_BACKEND* or
+    AITER chose another) and Dynamo traces Triton launches: on GPUs, not on CPU (the interpreter)."""
+    op = OPS[op_name]
+    if op.traced_backend in (None, "torch"):
+        return op.traced_backend == "torch"
+    return device_type != "cpu" and op.select(device_type) == op.traced_backend
 
 
 def _first_tensor_device_type(args: tuple, kwargs: dict) -> str:
@@ -219,6 +220,12 @@ def reset_selection() -> None:
 
 
 INDUCTOR_OPS_VARIABLE = "ATOM_INDUCTOR_OPS"
+# Traced unless ATOM_INDUCTOR_OPS says otherwise (``none``: every op opaque): ops made of allocations
+# and one Triton launch. A 1024-token Qwen3-8B-FP8 prefill step took 21 ms instead of 43 on an H200,
+# decode steps level (docs/performance.md, "Where a lone FP8 prefill goes").
+DEFAULT_INDUCTOR_OPS = ",".join(f"{name}:triton" for name in (
+    "rms_norm", "fused_add_rms_norm", "qk_norm_rope", "silu_and_mul", "rms_norm_quant_fp8",
+    "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8", "per_group_quant_fp8"))
 # Implementations made of torch ops and Triton launches only, which Dynamo traces; the others (AITER's,
 # the library GEMM's row-count branches) stay behind the opaque op.
 TRACEABLE_BACKENDS = ("torch", "triton")
@@ -226,14 +233,17 @@ TRACEABLE_BACKENDS = ("torch", "triton")
 
 def set_inductor_ops(entries: str | None = None) -> dict[str, str]:
     """Mark the ops torch.compile traces instead of calling them opaquely: ``entries`` (``name`` or
-    ``name:backend``, comma-separated), by default ``ATOM_INDUCTOR_OPS``; returns {name: backend}.
+    ``name:backend``, comma-separated; ``none``), by default ``ATOM_INDUCTOR_OPS`` or, unset,
+    :data:`DEFAULT_INDUCTOR_OPS`; returns {name: backend}.
     Why: an opaque op costs the host a dispatch, a Python wrapper and Triton's launch per call (tens of
     microseconds), which counts in steps without CUDA graphs (a long prefill). ``name`` traces the
     torch implementation (Inductor's kernels); ``name:triton`` the Triton one (its allocations join
     the graph, Inductor launches ATOM's kernels; GPUs only). Compiled graphs keep what they traced."""
     if entries is None:
-        entries = os.environ.get(INDUCTOR_OPS_VARIABLE, "")
+        entries = os.environ.get(INDUCTOR_OPS_VARIABLE, DEFAULT_INDUCTOR_OPS)
     chosen = {}
+    if entries.strip() == "none":
+        entries = ""
     for entry in filter(None, entries.split(",")):
         name, _, backend = entry.partition(":")
         backend = backend or "torch"
@@ -255,12 +265,12 @@ def backend_report(device_type: str | None = None) -> dict[str, str]:
 
 def backend_report_line(device_type: str | None = None) -> str:
     """One log line of :func:`backend_report`; an op that ``ATOM_KERNEL_BACKEND`` could not force
-    (it has no such backend) is marked ``(no <backend>)``."""
-    entries = []
+    (it has no such backend) is marked ``(no <backend>)``; then the ops torch.compile traces there."""
+    entries, traced = [], []
     for name, backend in backend_report(device_type).items():
         requested, _ = OPS[name].requested()
         missing = requested is not None and requested not in OPS[name].impls
-        entries.append(f"{name}={backend}" + (f" (no {requested})" if missing else "")
-                       + (f" ({OPS[name].traced_backend} traced by torch.compile)" if OPS[name].traced_backend
-                          else ""))
-    return "atom kernels: " + ", ".join(entries)
+        entries.append(f"{name}={backend}" + (f" (no {requested})" if missing else ""))
+        if _traces_on(name, device_type or ("cuda" if torch.cuda.is_available() else "cpu")):
+            traced.append(f"{name}:{OPS[name].traced_backend}")
+    return "atom kernels: " + ", ".join(entries) + (f"; traced by torch.compile: {', '.join(traced)}" if traced else "")
