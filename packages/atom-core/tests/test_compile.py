@@ -103,6 +103,36 @@ def test_ops_traced_for_inductor_match_eager(tiny_model_dir, fp8_form, tolerance
         set_inductor_ops()
 
 
+def test_a_failed_trace_of_atom_ops_falls_back_to_opaque_ops(tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """An op torch.compile cannot trace (rms_norm's torch implementation, given a graph break under
+    fullgraph) must not stop the model: ATOM's ops become opaque, one warning says so, logits are eager's."""
+    monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path))
+    model_dir = tiny_model_dir("Qwen3ForCausalLM")
+    eager = build(model_dir, CompilationLevel.NO_COMPILATION)
+    compiled = build(model_dir, CompilationLevel.PIECEWISE)
+    traceable = OPS["rms_norm"].impls["torch"]
+
+    def untraceable(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return traceable(*args, **kwargs)
+
+    monkeypatch.setitem(OPS["rms_norm"].impls, "torch", untraceable)
+    set_inductor_ops("rms_norm,silu_and_mul")
+    from atom_core.log import logger
+
+    logger.propagate = True
+    try:
+        with caplog.at_level("WARNING", logger="atom"):
+            got = logits(compiled, [7, 5], 0)
+        assert not any(op.traced_backend for op in OPS.values())
+        assert "ATOM's ops rms_norm:torch, silu_and_mul:torch traced" in caplog.text
+        expected = logits(eager, [7, 5], 0)
+        assert ((got - expected).norm() / expected.norm()).item() <= 1e-5
+    finally:
+        logger.propagate = False
+        set_inductor_ops()
+
+
 def test_split_graph_places_each_attention_in_its_own_piece():
     def attention_like(x):
         out = torch.empty_like(x)
