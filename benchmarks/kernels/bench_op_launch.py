@@ -43,7 +43,7 @@ def host_us_per_call(fn, inputs) -> float:
 
 
 def measure(name: str, rows: int) -> dict[str, float]:
-    make_inputs, call = CASES[name]
+    _, make_inputs, call = CASES[name]
     op = getattr(atom_kernels, name)
     # Distinct inputs per call: identical calls of a functional op would be merged in the graph.
     inputs = [make_inputs(rows) for _ in range(CALLS)]

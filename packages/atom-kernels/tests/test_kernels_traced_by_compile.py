@@ -1,9 +1,5 @@
-"""ATOM_INDUCTOR_OPS=name:triton on a GPU (set_inductor_ops): under torch.compile the op's Triton
-implementation is traced, so Inductor launches ATOM's kernel from its own code, not the opaque op.
-Results must be eager's bit for bit (same kernel source) at row counts the graph did not specialise
-on, for the layouts a model passes (q and k as column slices of one QKV output)."""
-
-from __future__ import annotations
+"""``name:triton`` traced on a GPU: Inductor's code launches ATOM's kernel; results are eager's bit for
+bit at row counts the graph did not specialise on, in a model's layouts (q, k: slices of one QKV)."""
 
 import pytest
 import torch
@@ -28,27 +24,37 @@ def norm_inputs(rows: int) -> dict:
 
 def rope_inputs(rows: int) -> dict:
     q, k, _ = randn(rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM).split(
-        [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
-    cache = compute_cos_sin_cache(default_inv_freq(HEAD_DIM, 1e6), 4096).to("cuda")
+        [HEADS * HEAD_DIM] + [KV_HEADS * HEAD_DIM] * 2, dim=-1)
     positions = torch.randint(0, 4096, (rows,), device="cuda")
-    return {"positions": positions, "q": q, "k": k, "weights": [randn(HEAD_DIM), randn(HEAD_DIM)], "cache": cache}
+    cache = compute_cos_sin_cache(default_inv_freq(HEAD_DIM, 1e6), 4096).to("cuda")
+    return {"pqk": (positions, q, k), "weights": [randn(HEAD_DIM), randn(HEAD_DIM)], "cache": cache}
 
 
-KERNELS = {"rms_norm": "_rms_norm_kernel", "fused_add_rms_norm": "_rms_norm_kernel",
-           "rms_norm_quant_fp8": "_rms_norm_kernel", "fused_add_rms_norm_quant_fp8": "_rms_norm_kernel",
-           "per_group_quant_fp8": "_quant_fp8_kernel", "silu_and_mul": "_gated_activation_kernel",
-           "silu_and_mul_quant_fp8": "_gated_activation_kernel", "qk_norm_rope": "_rotary_embedding_kernel"}
-# op name -> (inputs of a row count, call(inputs, op))
+def router(experts: int):
+    return lambda rows: {"x": torch.randn(rows, experts, device="cuda"), "bias": torch.randn(experts, device="cuda")}
+
+
+def norm(*keys: str):
+    return lambda i, op: op(*(i[key] for key in keys), 1e-6)
+
+
+NORM, ACT, ROPE = "_rms_norm_kernel", "_gated_activation_kernel", "_rotary_embedding_kernel"
+GATED = lambda rows: randn(rows, 2 * INTERMEDIATE)  # noqa: E731
+# op -> (its kernel, inputs of a row count, call(inputs, op)); the last three are not in DEFAULT_INDUCTOR_OPS.
+# Router logits as Qwen3-30B-A3B's (128 experts) and DeepSeek-V3's (256, 8 groups).
 CASES = {
-    "rms_norm": (norm_inputs, lambda i, op: op(i["x"], i["weight"], 1e-6)),
-    "fused_add_rms_norm": (norm_inputs, lambda i, op: op(i["x"], i["residual"], i["weight"], 1e-6)),
-    "rms_norm_quant_fp8": (norm_inputs, lambda i, op: op(i["x"], i["weight"], 1e-6)),
-    "fused_add_rms_norm_quant_fp8": (norm_inputs, lambda i, op: op(i["x"], i["residual"], i["weight"], 1e-6)),
-    "per_group_quant_fp8": (norm_inputs, lambda i, op: op(i["x"])),
-    "silu_and_mul": (lambda rows: randn(rows, 2 * INTERMEDIATE), lambda x, op: op(x)),
-    "silu_and_mul_quant_fp8": (lambda rows: randn(rows, 2 * INTERMEDIATE), lambda x, op: op(x)),
-    "qk_norm_rope": (rope_inputs, lambda i, op: op(i["positions"], i["q"], i["k"], *i["weights"], 1e-6, i["cache"],
-                                                  HEAD_DIM, True)),
+    "rms_norm": (NORM, norm_inputs, norm("x", "weight")),
+    "fused_add_rms_norm": (NORM, norm_inputs, norm("x", "residual", "weight")),
+    "rms_norm_quant_fp8": (NORM, norm_inputs, norm("x", "weight")),
+    "fused_add_rms_norm_quant_fp8": (NORM, norm_inputs, norm("x", "residual", "weight")),
+    "per_group_quant_fp8": ("_quant_fp8_kernel", norm_inputs, lambda i, op: op(i["x"])),
+    "silu_and_mul": (ACT, GATED, lambda x, op: op(x)),
+    "silu_and_mul_quant_fp8": (ACT, GATED, lambda x, op: op(x)),
+    "qk_norm_rope": (ROPE, rope_inputs, lambda i, op: op(*i["pqk"], *i["weights"], 1e-6, i["cache"], HEAD_DIM, True)),
+    "rotary_embedding": (ROPE, rope_inputs, lambda i, op: op(*i["pqk"], i["cache"], HEAD_DIM, True)),
+    "topk_softmax": ("_topk_softmax_kernel", router(128), lambda i, op: op(i["x"], 8, True)),
+    "grouped_topk": ("_grouped_topk_kernel", router(256), lambda i, op: op(i["x"], 8, 8, 4, True, "sigmoid", i["bias"],
+                                                                          2.5)),
 }
 
 
@@ -58,7 +64,7 @@ def as_tuple(result) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_traced_op_launches_atom_kernel_and_matches_eager(name):
-    make_inputs, call = CASES[name]
+    kernel, make_inputs, call = CASES[name]
     op = getattr(atom_kernels, name)
     torch._dynamo.reset()
     set_inductor_ops(f"{name}:triton")
@@ -69,13 +75,13 @@ def test_traced_op_launches_atom_kernel_and_matches_eager(name):
             expected = as_tuple(call(inputs, OPS[name].dispatch))
             calls = OPS[name].calls
             got, codes = run_and_get_code(compiled, inputs)
-            assert OPS[name].calls == calls, "the compiled graph dispatched the op instead of tracing it"
-            if rows == 5:  # compiled here, for any row count (dynamic): Inductor's code launches the kernel
+            assert OPS[name].calls == calls, "dispatched, not traced"
+            if rows == 5:  # compiled here, for any row count (dynamic)
                 code = "".join(codes)
-                assert KERNELS[name] in code and f"torch.ops.atom.{name}" not in code
+                assert kernel in code and f"torch.ops.atom.{name}" not in code
             for g, e in zip(as_tuple(got), expected, strict=True):
                 assert g.shape == e.shape and g.dtype == e.dtype and g.stride() == e.stride()
-                assert torch.equal(g.float(), e.float()), f"{name} at {rows} rows differs from eager"
+                assert torch.equal(g.float(), e.float()), f"{rows} rows"
     finally:
         set_inductor_ops()
         torch._dynamo.reset()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,21 @@ def compile_cache_dir(key_parts: list[str]) -> str:
     digest = hashlib.sha256("\n".join([torch.__version__, *key_parts]).encode()).hexdigest()[:16]
     root = os.environ.get("ATOM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "atom")
     return os.path.join(root, "compile", digest)
+
+
+def source_digest(path: str) -> str:
+    """Traced source that decides the graph: the trunk's module and every atom_core / atom_kernels
+    module; editing any must miss the cache."""
+    import atom_core
+    import atom_kernels
+
+    digest = hashlib.sha256()
+    for package in (atom_core, atom_kernels):
+        root = pathlib.Path(package.__file__).parent
+        for file in sorted(root.rglob("*.py")):
+            digest.update(file.read_bytes())
+    digest.update(path.encode())
+    return digest.hexdigest()[:16]
 
 
 class _PieceCompiler(torch.fx.Interpreter):

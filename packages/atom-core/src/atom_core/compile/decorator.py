@@ -1,11 +1,10 @@
 """``@support_torch_compile``: compile a model trunk with ATOM's backend at the configured level.
 
-Levels (``Config.compilation_config.level``, the same numbering as vLLM's compilation mode):
-0 eager; 1 and 2 one Inductor graph for the whole trunk; 3 piecewise: split at every attention
-layer, each piece compiled by Inductor (the host may CUDA-graph the pieces). The token dimension of
-``input_ids``, ``positions`` and ``inputs_embeds`` is dynamic, so one compile serves every batch
-size (Dynamo specialises size 1 separately, so decode batches of one token compile once more). It is
-the last dimension of ``positions``, which M-RoPE models get as [3, T].
+Levels (``Config.compilation_config.level``, numbered as vLLM's compilation mode): 0 eager; 1 and 2
+one Inductor graph for the trunk; 3 piecewise: split at every attention layer, each piece compiled by
+Inductor (the host may CUDA-graph the pieces). The token dimension of ``input_ids``, ``positions``
+(its last: M-RoPE's are [3, T]) and ``inputs_embeds`` is dynamic: one compile serves every batch size
+(Dynamo specialises size 1, so one-token decode batches compile once more).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 
 import torch
 
-from atom_core.compile.backend import ATOMCompileBackend
+from atom_core.compile.backend import ATOMCompileBackend, source_digest
 from atom_core.config import CompilationLevel, Config, get_current_atom_config
 from atom_core.log import logger
 from atom_kernels.registry import OPS, set_inductor_ops
@@ -56,16 +55,12 @@ def support_torch_compile(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
                 value = bound.get(name)
                 if isinstance(value, torch.Tensor):
                     torch._dynamo.mark_dynamic(value, dim % value.dim())
-            # Each model instance is a new guard target for the shared forward code; a process
-            # that builds several models (tests, multi-model hosts) needs more than Dynamo's 8.
+            # Each model instance is a new guard target for the shared forward code: a process building
+            # several models (tests, multi-model hosts) needs more than Dynamo's 8.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            backend = ATOMCompileBackend(
-                split=level == CompilationLevel.PIECEWISE,
-                cache_key=[cls.__qualname__, str(int(level)), _source_digest(source_file)],
-            )
-            self._atom_compiled = torch.compile(
-                eager_forward.__get__(self), backend=backend, fullgraph=True
-            )
+            backend = ATOMCompileBackend(split=level == CompilationLevel.PIECEWISE,
+                                         cache_key=[cls.__qualname__, str(int(level)), source_digest(source_file)])
+            self._atom_compiled = torch.compile(eager_forward.__get__(self), backend=backend, fullgraph=True)
         return _run_compiled(self._atom_compiled, args, kwargs)
 
     cls.__init__ = __init__
@@ -74,9 +69,8 @@ def support_torch_compile(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
 
 
 def _run_compiled(compiled, args: tuple, kwargs: dict):
-    """``compiled(*args, **kwargs)``. Should torch.compile fail while ATOM's ops are traced
-    (ATOM_INDUCTOR_OPS; by default its Triton kernels on GPUs), they become opaque ops, with one log
-    line, and the call is compiled again: a call pattern the tests did not meet must not stop a server."""
+    """Should torch.compile fail while ATOM's ops are traced (ATOM_INDUCTOR_OPS), they turn opaque, with a
+    warning, and the call compiles again: a call pattern the tests did not meet must not stop a server."""
     try:
         return compiled(*args, **kwargs)
     except torch._dynamo.exc.TorchDynamoException as error:
@@ -87,21 +81,3 @@ def _run_compiled(compiled, args: tuple, kwargs: dict):
                        ", ".join(traced), str(error).strip().splitlines()[0])
         set_inductor_ops("none")
         return compiled(*args, **kwargs)
-
-
-def _source_digest(path: str) -> str:
-    """Traced source that decides the graph: the trunk's module and every atom_core/atom_kernels
-    module (layers, ops) - editing any of them must miss the cache."""
-    import hashlib
-    import pathlib
-
-    import atom_core
-    import atom_kernels
-
-    digest = hashlib.sha256()
-    for package in (atom_core, atom_kernels):
-        root = pathlib.Path(package.__file__).parent
-        for file in sorted(root.rglob("*.py")):
-            digest.update(file.read_bytes())
-    digest.update(path.encode())
-    return digest.hexdigest()[:16]
