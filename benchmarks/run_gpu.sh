@@ -47,8 +47,6 @@ multi_gpu() {  # COMMAND...
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm "$@"
 }
-INDUCTOR_TRACEABLE_OPS=rms_norm,fused_add_rms_norm,qk_norm_rope,silu_and_mul,rms_norm_quant_fp8,\
-fused_add_rms_norm_quant_fp8,silu_and_mul_quant_fp8,per_group_quant_fp8
 TP4_EP_ARGS="--engine-arg tensor_parallel_size=4 --engine-arg enable_expert_parallel=true"
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
   local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
@@ -152,7 +150,8 @@ for step in $steps; do
     # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops called opaquely
     # (ATOM_INDUCTOR_OPS=none), then with their torch implementations traced (Inductor's kernels).
     fp8-lone-prefill-inductor-ops) for variant in opaque inductor-ops; do
-                                     [ $variant = opaque ] && traced=none || traced=$INDUCTOR_TRACEABLE_OPS
+                                     [ $variant = opaque ] && traced=none || traced=$(python3 -c \
+                                       "from atom_kernels.registry import DEFAULT_TRACED_OPS as o; print(','.join(o))")
                                      PROFILE_MODES=atom PROFILE_TIMEOUT=600 ATOM_INDUCTOR_OPS=$traced \
                                        profile_source qwen3-8b-fp8-lone-prefill-$variant \
                                        --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \

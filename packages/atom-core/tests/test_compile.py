@@ -14,7 +14,7 @@ from atom_core.layers.attention import standalone_batch
 from atom_core.loader import iter_safetensors
 from atom_core.models import get_model_class
 from atom_core.testing.fp8_checkpoints import write_tiny_fp8_checkpoint
-from atom_kernels.registry import OPS, set_inductor_ops
+from atom_kernels.registry import DEFAULT_TRACED_OPS, OPS, set_inductor_ops
 
 
 def build(model_dir: str, level: CompilationLevel):
@@ -72,8 +72,8 @@ def test_piecewise_compile_matches_eager(tiny_model_dir, architecture, fp8_form,
         assert (int(splits), int(pieces)) == (num_layers, num_layers + 1)
 
 
-INDUCTOR_TRACED = ("rms_norm,fused_add_rms_norm,qk_norm_rope,silu_and_mul,rms_norm_quant_fp8,"
-                   "fused_add_rms_norm_quant_fp8,silu_and_mul_quant_fp8,per_group_quant_fp8")
+# The ops traced by default, here through their torch implementations.
+INDUCTOR_TRACED = ",".join(DEFAULT_TRACED_OPS)
 
 
 # Block FP8: Inductor sums the norms in another order, so now and then an activation crosses an e4m3
