@@ -54,9 +54,9 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
 
 
 # SGLang runs ATOM's MLA models on its own latent attention (atom_sglang.host_hooks), FP8 checkpoints
-# included (checked in bf16, SGLang's only dtype for FP8: tests/test_sglang_fp8.py).
-# That pairing with an FP8 KV cache: SGLang's MLA backends keep it themselves, untested with ATOM.
-FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang is not verified yet"
+# included (checked in bf16, SGLang's only dtype for FP8: tests/test_sglang_fp8.py), and so an FP8 KV
+# cache, which SGLang's MLA backend keeps: checked on CPU; its GPU backends not yet run with ATOM.
+FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang's GPU backends is not verified yet"
 
 
 # SGLang 0.5.17's compressed-tensors config gives RadixAttention no KV-cache method: its own models
@@ -88,7 +88,7 @@ def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     mla = getattr(model.hf_config, "kv_lora_rank", None) is not None
     if not (decision.atom_serves and mla):
         return decision
-    if model.kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+    if model.kv_cache_dtype in FP8_KV_CACHE_DTYPES and model.device != "cpu":
         return dataclasses.replace(decision, reasons=(FP8_MLA_CACHE_REASON,))
     return decision
 
