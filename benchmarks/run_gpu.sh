@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops traced-candidates mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only;
@@ -158,6 +158,22 @@ for step in $steps; do
                                        --decode-steps 64 --workload-prompts 0 --host-ops \
                                        --engine-arg max_num_batched_tokens=2048
                                    done ;;
+    # vLLM + ATOM only: the default traced ops, then with rotary_embedding, topk_softmax and grouped_topk
+    # traced as Triton too (GPU test passed at 9c31333), on dummy weights of TRACED_CANDIDATE_MODELS:
+    # greedy tokens and offline throughput (engine_run.py), then the lone-prefill profile.
+    traced-candidates) for model in ${TRACED_CANDIDATE_MODELS:-moonlight-16b-a3b}; do
+                         for variant in default candidates; do
+                           [ $variant = default ] && ops= || ops=$(python3 -c "from atom_kernels.registry import \
+                             DEFAULT_INDUCTOR_OPS as o; print(o + ',rotary_embedding:triton,topk_softmax:triton,grouped_topk:triton')")
+                           run=$out/traced-candidates/run-$model-$variant.json; mkdir -p "$out/traced-candidates"
+                           ( [ -z "$ops" ] || export ATOM_INDUCTOR_OPS=$ops
+                             python3 "$here/e2e/engine_run.py" --config "$here/models/$model.json" --out "$run" \
+                               > "$run.log" 2>&1
+                             PROFILE_MODES=atom PROFILE_TIMEOUT=600 profile_source $model-lone-prefill-$variant \
+                               --config "$here/models/$model.json" --prefill-prompts 1 --decode-batch 1 \
+                               --decode-steps 64 --workload-prompts 0 --host-ops )
+                         done
+                       done ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # MLA serving latency (issue 19), on one random V2-Lite checkpoint: greedy tokens of prompts served
