@@ -47,6 +47,11 @@ multi_gpu() {  # COMMAND...
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm "$@"
 }
+# ATOM's default traced ops (atom_kernels.registry) as ATOM_INDUCTOR_OPS entries, each name + SUFFIX
+# (none: their torch implementations; :triton: as ATOM traces them by default on GPUs).
+default_traced_ops() {  # [SUFFIX]
+  python3 -c "from atom_kernels.registry import DEFAULT_TRACED_OPS as o; print(','.join(n + '${1:-}' for n in o))"
+}
 TP4_EP_ARGS="--engine-arg tensor_parallel_size=4 --engine-arg enable_expert_parallel=true"
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
   local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
@@ -150,8 +155,7 @@ for step in $steps; do
     # The same, vLLM + ATOM only, with ATOM's norm / rope / activation / quantization ops called opaquely
     # (ATOM_INDUCTOR_OPS=none), then with their torch implementations traced (Inductor's kernels).
     fp8-lone-prefill-inductor-ops) for variant in opaque inductor-ops; do
-                                     [ $variant = opaque ] && traced=none || traced=$(python3 -c \
-                                       "from atom_kernels.registry import DEFAULT_TRACED_OPS as o; print(','.join(o))")
+                                     [ $variant = opaque ] && traced=none || traced=$(default_traced_ops)
                                      PROFILE_MODES=atom PROFILE_TIMEOUT=600 ATOM_INDUCTOR_OPS=$traced \
                                        profile_source qwen3-8b-fp8-lone-prefill-$variant \
                                        --config "$here/models/qwen3-8b-fp8.json" --prefill-prompts 1 --decode-batch 1 \
@@ -163,15 +167,14 @@ for step in $steps; do
     # greedy tokens and offline throughput (engine_run.py), then the lone-prefill profile.
     traced-candidates) for model in ${TRACED_CANDIDATE_MODELS:-moonlight-16b-a3b}; do
                          for variant in default candidates; do
-                           [ $variant = default ] && ops= || ops=$(python3 -c "from atom_kernels.registry import \
-                             DEFAULT_INDUCTOR_OPS as o; print(o + ',rotary_embedding:triton,topk_softmax:triton,grouped_topk:triton')")
+                           ops=$(default_traced_ops :triton)
+                           [ $variant = default ] || ops=$ops,rotary_embedding:triton,topk_softmax:triton,grouped_topk:triton
                            run=$out/traced-candidates/run-$model-$variant.json; mkdir -p "$out/traced-candidates"
-                           ( [ -z "$ops" ] || export ATOM_INDUCTOR_OPS=$ops
-                             python3 "$here/e2e/engine_run.py" --config "$here/models/$model.json" --out "$run" \
-                               > "$run.log" 2>&1
-                             PROFILE_MODES=atom PROFILE_TIMEOUT=600 profile_source $model-lone-prefill-$variant \
-                               --config "$here/models/$model.json" --prefill-prompts 1 --decode-batch 1 \
-                               --decode-steps 64 --workload-prompts 0 --host-ops )
+                           ATOM_INDUCTOR_OPS=$ops python3 "$here/e2e/engine_run.py" --config "$here/models/$model.json" \
+                             --out "$run" > "$run.log" 2>&1
+                           ATOM_INDUCTOR_OPS=$ops PROFILE_MODES=atom PROFILE_TIMEOUT=600 \
+                             profile_source $model-lone-prefill-$variant --config "$here/models/$model.json" \
+                             --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 --host-ops
                          done
                        done ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
