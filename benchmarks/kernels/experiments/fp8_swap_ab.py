@@ -1,0 +1,221 @@
+"""The block-FP8 GEMM at decode rows with the operands swapped and the weights read through TMA.
+
+    PYTHONPATH=packages/atom-kernels/src python3 fp8_swap_ab.py OUT.json [--rows 1,16,32,64] [--vllm]
+
+Why: at 16-64 rows the shipped GEMM takes 1.07-1.85x the time of vLLM's path
+(``results/fp8-gemm-h200.json[fad0aae]``), and tile sizes and split counts are exhausted
+(``fp8-h200.json[decode-tiles]``). Its activation tile is the MMA's M side, which Hopper's wgmma
+wants 64 rows high: 16-row tiles fall back to the older MMA, 64-row tiles pad a 16- or 32-row batch.
+Swapped (what FlashInfer's swapAB GEMM does), the weight tile is the M side (64 or 128 output columns)
+and the tokens the N side, which wgmma takes 8 wide and up, so every row count runs wgmma on whole
+tiles. Each variant below computes ``out[M, N] = (a * sa) @ (b * sb).T`` with ``a`` [M, K] fp8 per
+token and 128-column group, ``b`` [N, K] fp8 per 128 x 128 block, bf16 out; split K as the shipped
+kernel does it (fp32 partials, ``gemm._split_k_sum_kernel``):
+
+- ``shipped``: ``gemm._launch_fp8_gemm`` as it runs;
+- ``swap``: swapped operands, pointer loads; ``swap_tma``: swapped, the weight tile through a TMA
+  descriptor; ``tma``: the shipped orientation with the weight tile through TMA.
+
+Tiles: weight tile 64 or 128 columns, token tile the fewest rows >= M that the MMA takes (16 / 32 /
+64), four warps, 4 or 6 stages, split K by the shipped rule (``auto``) and forced to 1, 2 and 4.
+Activations already quantized; random fp8 values and scales; CUDA-graph timings (us); each output's
+max |diff| / max |shipped| (summation order: a few 1e-3; a wrong tile O(1)). ``--vllm``: vLLM's own
+block-FP8 linear on the bf16 input (its activation quantization included), and ATOM's quantization
+launch + shipped GEMM, as ``bench_fp8_gemm.py`` builds them, so the best variant's gain reads against
+vLLM in the same run.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # fp8_scales_ahead; bench_fp8_gemm (--vllm)
+from fp8_scales_ahead import scales  # noqa: E402
+from triton.testing import do_bench_cudagraph  # noqa: E402
+
+from atom_kernels import gemm  # noqa: E402
+from atom_kernels.triton_utils import cdiv, sm_count  # noqa: E402
+
+SHAPES = {
+    "qwen3-8b qkv": (6144, 4096), "qwen3-8b o": (4096, 4096), "qwen3-8b gate_up": (24576, 4096),
+    "qwen3-8b down": (4096, 12288), "qwen3-30b qkv": (5120, 2048), "v3 q_b": (24576, 1536),
+    "v3 o": (7168, 16384), "v3 shared down": (7168, 2048),
+}
+VARIANTS = ("swap", "swap_tma", "tma")
+SPLITS = (None, 1, 2, 4)
+# The fewest K steps a split may have, by token tile, as the shipped rule takes them.
+MIN_STEPS = {16: 6, 32: 8, 64: 12}
+FP8 = torch.float8_e4m3fn
+BLOCK_K = 128
+
+
+@triton.jit(do_not_specialize=["M", "a_scale_stride_k"])
+def _variant_kernel(a_ptr, b_ptr, b_desc, out_ptr, a_scale_ptr, b_scale_ptr, partial_ptr, M, N, K, a_stride,
+                    b_stride, out_stride, a_scale_stride, a_scale_stride_k, b_scale_stride, k_per_split,
+                    SWAP: tl.constexpr, TMA: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Programs of one weight tile are adjacent (its token tiles), so they share it in L2.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    pid_m, pid_n = tl.program_id(0) % num_pid_m, tl.program_id(0) // num_pid_m
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_valid, col_valid = rows < M, cols < N
+    a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
+    b_rows = b_ptr + cols.to(tl.int64)[:, None] * b_stride
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_first = tl.program_id(1) * k_per_split
+    for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & (ks < K)[None, :], other=0.0)
+        if TMA:
+            b = b_desc.load([pid_n * BLOCK_N, k0])  # zeros past N and K (the descriptor's bounds)
+        else:
+            b = tl.load(b_rows + ks[None, :], mask=col_valid[:, None] & (ks < K)[None, :], other=0.0)
+        k_group = k0 // BLOCK_K
+        sa = tl.load(a_scale_ptr + rows * a_scale_stride + k_group * a_scale_stride_k, mask=row_valid, other=0.0)
+        sb = tl.load(b_scale_ptr + (cols // BLOCK_K) * b_scale_stride + k_group, mask=col_valid, other=0.0)
+        if SWAP:
+            acc += tl.dot(b, tl.trans(a)) * sb[:, None] * sa[None, :]
+        else:
+            acc += tl.dot(a, tl.trans(b)) * sa[:, None] * sb[None, :]
+    if SWAP:
+        acc = tl.trans(acc)
+    mask = row_valid[:, None] & col_valid[None, :]
+    if SPLIT:
+        partial = partial_ptr + (tl.program_id(1) * M + rows.to(tl.int64))[:, None] * N + cols[None, :]
+        tl.store(partial, acc, mask=mask)
+    else:
+        out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def token_tile(m: int) -> int:
+    return max(16, triton.next_power_of_2(m))
+
+
+def launch_variant(a, b, a_scale, b_scale, variant: str, block_n: int, stages: int, split: int | None):
+    """``out`` [M, N] bf16 of one variant; ``split`` None: the shipped rule's count for these tiles."""
+    (m, k), n = a.shape, b.shape[0]
+    block_m = token_tile(m)
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    tiles, k_steps = cdiv(m, block_m) * cdiv(n, block_n), cdiv(k, BLOCK_K)
+    if split is None:
+        split = gemm._split_k(tiles, k_steps, MIN_STEPS[block_m], a.device)
+    steps = cdiv(k_steps, min(split, k_steps))
+    split = cdiv(k_steps, steps)
+    partial = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else None
+    tma = variant.endswith("tma")
+    b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, BLOCK_K]) if tma else None
+    _variant_kernel[(tiles, split)](
+        a, b, b_desc, out, a_scale, b_scale, partial, m, n, k, a.stride(0), b.stride(0), out.stride(0),
+        a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), steps * BLOCK_K,
+        SWAP=variant.startswith("swap"), TMA=tma, SPLIT=split > 1, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=BLOCK_K, num_warps=4, num_stages=stages)
+    if split > 1:
+        gemm._split_k_sum_kernel[(m, cdiv(n, 1024))](partial, out, None, m, n, out.stride(0), split,
+                                                     HAS_BIAS=False, BLOCK_N=1024)
+    return out
+
+
+def us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return round(do_bench_cudagraph(fn, rep=5) * 1000, 2)
+
+
+def vllm_paths(quant_config, n: int, k: int, b, b_scale):
+    """(vllm(x), atom(x)) on bf16 x: vLLM's block-FP8 linear as it serves one, ATOM's quant + GEMM."""
+    import bench_fp8_gemm as bench
+
+    import atom_kernels as ak
+
+    layer = bench.Layer("shape", f"{n}x{k}", (n,), k)
+    method, module = bench.vllm_block_fp8_linear(quant_config, layer, b, b_scale)
+
+    def atom(x):
+        xq, xs = ak.per_group_quant_fp8(x, BLOCK_K)
+        return ak.fp8_block_scaled_mm(xq, b, xs, b_scale, torch.bfloat16, BLOCK_K)
+
+    return (lambda x: method.apply(module, x)), atom
+
+
+def measure_shape(name: str, n: int, k: int, rows: list[int], quant_config, report: dict) -> None:
+    """Every variant at each row count of ``rows``; vLLM's path too where ``quant_config`` is given."""
+    b = (torch.randn(n, k, device="cuda") * 0.05).to(FP8)
+    b_scale = scales(cdiv(n, 128), k // 128)
+    paths = None
+    if quant_config is not None:
+        try:
+            paths = vllm_paths(quant_config, n, k, b, b_scale)
+        except Exception as error:  # noqa: BLE001  (the variants are still measured)
+            report["vllm_errors"][name] = f"{type(error).__name__}: {error}"[:300]
+    for m in rows:
+        a, a_scale = torch.randn(m, k, device="cuda").to(FP8), scales(m, k // 128)
+        shipped_out = gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.bfloat16, None, True, 128).float()
+        shipped = us(lambda: gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.bfloat16, None, True, 128))
+        best = None
+        for variant, block_n, stages, split in itertools.product(VARIANTS, (64, 128), (4, 6), SPLITS):
+            def run():
+                return launch_variant(a, b, a_scale, b_scale, variant, block_n, stages, split)
+            try:
+                diff = ((run().float() - shipped_out).abs().max() / shipped_out.abs().max()).item()
+                time = us(run)
+            except triton.runtime.errors.OutOfResources:
+                diff = time = float("inf")
+            row = [name, m, variant, block_n, stages, split or "auto", time, float(f"{diff:.1e}")]
+            report["rows"].append(row)
+            if diff < 0.05 and (best is None or time < best[6]):
+                best = row
+        line = {"shape": name, "n": n, "k": k, "m": m, "shipped_us": shipped, "best": best}
+        if paths is not None:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            vllm, atom = paths
+            line["vllm_path_us"], line["atom_path_us"] = us(lambda: vllm(x)), us(lambda: atom(x))
+        report["summary"].append(line)
+        print(json.dumps(line), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--rows", default="1,16,32,64")
+    parser.add_argument("--vllm", action="store_true", help="also time vLLM's path and ATOM's whole path")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    report = {"device": torch.cuda.get_device_name(), "sms": sm_count(torch.device("cuda")),
+              "columns": ["shape", "m", "variant", "block_n", "stages", "split", "us", "max_rel_diff"],
+              "rows": [], "summary": [], "vllm_errors": {}}
+    rows = [int(m) for m in args.rows.split(",")]
+    quant_config = vllm_quant_config() if args.vllm else None
+    for name, (n, k) in SHAPES.items():
+        measure_shape(name, n, k, rows, quant_config, report)
+        with open(args.out, "w") as f:
+            json.dump(report, f, separators=(",", ":"))
+
+
+def vllm_quant_config():
+    """The quant config of a block-FP8 model, with vLLM's config current and its single-rank state up
+    for the rest of the process (vLLM's linear layers read both), as bench_fp8_gemm.py sets them."""
+    os.environ["ATOM_DISABLE_VLLM_PLUGIN"] = "1"
+    import bench_fp8_gemm as bench
+    from vllm.config import set_current_vllm_config
+
+    config = bench.block_fp8_vllm_config()
+    set_current_vllm_config(config).__enter__()
+    bench.init_single_rank_distributed()
+    return config.quant_config
+
+
+if __name__ == "__main__":
+    main()
