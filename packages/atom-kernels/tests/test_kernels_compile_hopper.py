@@ -96,8 +96,8 @@ def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
 
 
 def dense_fp8_variants() -> list[tuple]:
-    """(kernel, signature, constexprs, tiles): the block-FP8 GEMM at one token (split in K, as at
-    decode) and at prefill rows (whole), and the split sum."""
+    """(kernel, signature, constexprs, tiles): the block-FP8 GEMM at one token (swapped operands) and
+    64 rows, both split in K as at decode, and at prefill rows (whole), and the split sum."""
     pointers = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "out_ptr": "*bf16", "a_scale_ptr": "*fp32",
                 "b_scale_ptr": "*fp32", "partial_ptr": "*fp32"}
     fixed = dict(bias_ptr=None, A_PER_ROW=True, B_PER_ROW=True, BLOCK_SCALED=True, SCALE_BLOCK=128,
@@ -106,7 +106,7 @@ def dense_fp8_variants() -> list[tuple]:
     sum_signature = {"partial_ptr": "*fp32", "out_ptr": "*bf16", "bias_ptr": None}
     sum_signature = {name: sum_signature.get(name, "i32") for name in gemm._split_k_sum_kernel.arg_names}
     variants = []
-    for rows, split in ((1, True), (4096, False)):
+    for rows, split in ((1, True), (64, True), (4096, False)):
         tiles = gemm._gemm_config(rows)
         constexprs = dict(fixed, SPLIT=split, **{k: v for k, v in tiles.items() if k.isupper()},
                           **({} if split else {"partial_ptr": None}))

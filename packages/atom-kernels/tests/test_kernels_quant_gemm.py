@@ -158,13 +158,15 @@ def test_fp8_gemm_split_k(block_scaled, m, split_k):
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tile", [(16, 128, 4), (32, 64, 4), (64, 256, 8)])
+@pytest.mark.parametrize("tile", [(16, 128, 4, False), (32, 64, 4, False), (64, 256, 8, False), (16, 64, 4, True),
+                                  (32, 128, 4, True)])
 def test_fp8_block_gemm_with_other_tiles(tile):
-    """Given tiles are used and give the same product (GPU: within 1e-3 of the largest value)."""
+    """Given tiles, swapped operands too, are used and give the same product (GPU: within 1e-3 of the
+    largest value)."""
     (a, _), (b, _) = quantized(40, 640), quantized(320, 640)
     a_scale, b_scale = ((torch.rand(rows, 5) + 0.5).to(DEVICE) / 100 for rows in (40, 3))
-    config = dict(BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=128, GROUP_M=8, num_warps=tile[2], num_stages=3,
-                  split_min_steps=2)
+    config = dict(BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=128, GROUP_M=8, SWAP_AB=tile[3], num_warps=tile[2],
+                  num_stages=3, split_min_steps=2)
     run = functools.partial(gemm._launch_fp8_gemm, a, b, a_scale, b_scale, torch.float32, None, True, 128)
     shipped = run()
     assert (run(config=config) - shipped).abs().max() <= 1e-3 * shipped.abs().max()
@@ -188,6 +190,17 @@ def test_fp8_gemm_over_no_columns_is_the_bias():
 def test_split_k_fills_the_gpu(tiles, k_steps, min_steps, want):
     """About two programs an SM (132 on CPU), each split at least ``min_steps`` K steps."""
     assert gemm._split_k(tiles, k_steps, min_steps, torch.device("cpu")) == want
+
+
+@pytest.mark.parametrize("rows, tiles, k_steps, want", [(1, 96, 32, 4), (16, 64, 96, 9), (32, 80, 16, 1),
+                                                        (32, 112, 128, 5), (8, 384, 32, 1), (64, 96, 32, 2)])
+def test_split_k_of_each_tile_config(rows, tiles, k_steps, want):
+    """The rule as each row count's tiles set it: swapped tiles (up to 32 rows) four programs an SM,
+    8 K steps a split, no split below 32 K steps; 64-row tiles the defaults."""
+    config = gemm._gemm_config(rows)
+    min_steps, programs_per_sm, from_steps = gemm._split_rule(config)
+    assert config.get("SWAP_AB", False) == (rows <= 32)
+    assert gemm._split_k(tiles, k_steps, min_steps, torch.device("cpu"), programs_per_sm, from_steps) == want
 
 
 @backends

@@ -122,7 +122,10 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
+    """``SWAP_AB``: each K step computes the tile's transpose, weights x activations, so the weight tile
+    is the MMA's M side and the rows its N side (see :func:`_gemm_config`)."""
     pid = tl.program_id(0)
     num_pid_m, num_pid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * num_pid_n)
@@ -135,14 +138,21 @@ def _fp8_gemm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_valid, col_valid = rows < M, cols < N
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
-    b_cols = b_ptr + cols.to(tl.int64)[None, :] * b_stride
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SWAP_AB:
+        b_rows = b_ptr + cols.to(tl.int64)[:, None] * b_stride
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        b_cols = b_ptr + cols.to(tl.int64)[None, :] * b_stride
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     # Split K: program (tile, s) sums K columns [s * k_per_split, (s + 1) * k_per_split).
     k_first = tl.program_id(1) * k_per_split
     for k0 in range(k_first, tl.minimum(K, k_first + k_per_split), BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=row_valid[:, None] & (ks < K)[None, :], other=0.0)
-        b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & col_valid[None, :], other=0.0)
+        if SWAP_AB:
+            b = tl.load(b_rows + ks[None, :], mask=col_valid[:, None] & (ks < K)[None, :], other=0.0)
+        else:
+            b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & col_valid[None, :], other=0.0)
         if BLOCK_SCALED:
             # BLOCK_K divides SCALE_BLOCK, so one K step lies inside one scale group.
             k_group = k0 // SCALE_BLOCK
@@ -153,11 +163,18 @@ def _fp8_gemm_kernel(
                 mask=col_valid,
                 other=0.0,
             )
-            acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+            if SWAP_AB:
+                acc += tl.dot(b, tl.trans(a)) * sb[:, None] * sa[None, :]
+            else:
+                acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+        elif SWAP_AB:
+            acc += tl.dot(b, tl.trans(a))
         else:
             # A fresh dot per K step, added in fp32: Hopper's fp8 MMA accumulates with fewer bits than
             # fp32, so long K runs are promoted every BLOCK_K (as DeepGEMM does).
             acc += tl.dot(a, b)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if not BLOCK_SCALED:
         if A_PER_ROW:
             acc *= tl.load(a_scale_ptr + rows, mask=row_valid, other=0.0)[:, None]
@@ -198,16 +215,26 @@ def _split_k_sum_kernel(partial_ptr, out_ptr, bias_ptr, M, N, out_stride, splits
 
 def _gemm_config(m: int) -> dict[str, int]:
     """Tiles by M: decode-sized M streams the weights, prefill-sized M is compute bound.
-    ``split_min_steps``: the fewest K steps a split of K may have (see :func:`_split_k`)."""
-    if m <= 16:
+    ``split_*``: how :func:`_split_k` cuts K for these tiles (fewest K steps a split, programs an SM,
+    fewest K steps before splitting at all)."""
+    if m <= 32:
+        # Operands swapped: the weight tile is the MMA's M side (64 output columns), the rows its N side,
+        # which Hopper's wgmma takes 16 and 32 wide where the unswapped tiles fell back to the older MMA
+        # (16 rows) or padded 32 rows to 64: 0.82 / 0.85 / 0.87x their time at 1 / 16 / 32 rows (geomean,
+        # eight FP8 linears of Qwen3 and DeepSeek-V3, this split rule; 4 splits where it picks 5 and 9,
+        # which were not timed; H200, benchmarks/kernels/experiments/fp8-h200.json[swap-ab]); at 64 rows
+        # 1.12x, so not there.
         return {
-            "BLOCK_M": 16,
+            "BLOCK_M": 16 if m <= 16 else 32,
             "BLOCK_N": 64,
             "BLOCK_K": 128,
             "GROUP_M": 1,
+            "SWAP_AB": True,
             "num_warps": 4,
             "num_stages": 4,
-            "split_min_steps": 6,
+            "split_min_steps": 8,
+            "split_programs_per_sm": 4,
+            "split_from_steps": 32,
         }
     if m <= 64:
         return {
@@ -215,6 +242,7 @@ def _gemm_config(m: int) -> dict[str, int]:
             "BLOCK_N": 64,
             "BLOCK_K": 128,
             "GROUP_M": 8,
+            "SWAP_AB": False,
             "num_warps": 4,
             "num_stages": 4,
             "split_min_steps": 12,
@@ -226,29 +254,41 @@ def _gemm_config(m: int) -> dict[str, int]:
         "BLOCK_N": 128,
         "BLOCK_K": 128,
         "GROUP_M": 8,
+        "SWAP_AB": False,
         "num_warps": 8,
         "num_stages": 4,
         "split_min_steps": 8,
     }
 
 
-# Split K when the output tiles leave SMs idle, up to SPLIT_K_PROGRAMS_PER_SM programs an SM.
+# Split K when the output tiles leave SMs idle, up to SPLIT_K_PROGRAMS_PER_SM programs an SM (unless the
+# tiles' config says otherwise).
 SPLIT_K_PROGRAMS_PER_SM = 2
 
 
-def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device) -> int:
+def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device,
+             programs_per_sm: int = SPLIT_K_PROGRAMS_PER_SM, from_steps: int = 0) -> int:
     """How many K ranges each output tile is cut into: one when the tiles alone fill the GPU. Short
     wide layers (DeepSeek's kv_a_proj: 9 tiles of 56 K steps at decode) otherwise run on a few SMs
     one K step after another. Each split writes an fp32 partial of its tile, so splits of few K
-    steps cost more than they save, the more so the more rows: ``min_steps`` per tile size (6 / 12 /
-    8 for 16- / 64- / 128-row tiles) and two programs an SM came within 4 % of the best split count
+    steps cost more than they save, the more so the more rows: ``min_steps`` per tile size (12 / 8
+    for 64- / 128-row tiles) and two programs an SM came within 4 % of the best split count
     (geomean) over the FP8 linears of Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V3 at 1-64 rows (and DeepSeek's
     kv_a widths at 128-256, which the library GEMM does not take), where a fixed minimum of 4 steps came
-    to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-h200.json[split-k]``)."""
+    to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-h200.json[split-k]``). The swapped
+    tiles of up to 32 rows take 8 steps, four programs an SM, and no split below ``from_steps`` = 32
+    K steps, where the sum kernel's launch costs more than the split saves (``fp8-h200.json[swap-ab]``:
+    K = 2048 unsplit 5.5-6.3 us, in two 6.4-8.0)."""
     sms = sm_count(device)
-    if tiles >= sms:
+    if tiles >= sms or k_steps < from_steps:
         return 1
-    return max(1, min(cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // min_steps))
+    return max(1, min(cdiv(programs_per_sm * sms, tiles), k_steps // min_steps))
+
+
+def _split_rule(config: dict) -> tuple[int, int, int]:
+    """Pops a tile config's ``split_*`` keys: :func:`_split_k`'s (min_steps, programs_per_sm, from_steps)."""
+    return (config.pop("split_min_steps"), config.pop("split_programs_per_sm", SPLIT_K_PROGRAMS_PER_SM),
+            config.pop("split_from_steps", 0))
 
 
 def _launch_fp8_gemm(
@@ -278,8 +318,8 @@ def _launch_fp8_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    config = dict(config or _gemm_config(m))
-    min_steps = config.pop("split_min_steps")
+    config = {"SWAP_AB": False, **(config or _gemm_config(m))}
+    min_steps, programs_per_sm, from_steps = _split_rule(config)
     if block_scaled:
         config["BLOCK_K"] = min(config["BLOCK_K"], scale_block)
         if scale_block % config["BLOCK_K"]:
@@ -289,7 +329,7 @@ def _launch_fp8_gemm(
     tiles = cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"])
     k_steps = cdiv(k, config["BLOCK_K"])
     if split_k is None:
-        split_k = _split_k(tiles, k_steps, min_steps, a.device)
+        split_k = _split_k(tiles, k_steps, min_steps, a.device, programs_per_sm, from_steps)
     steps_per_split = max(1, cdiv(k_steps, max(1, min(split_k, k_steps))))
     split_k = max(1, cdiv(k_steps, steps_per_split))  # no empty split (one program a tile at K = 0)
     partial = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device) if split_k > 1 else None
