@@ -11,7 +11,8 @@ from atom_kernels import BackendUnavailableError, reset_selection
 from atom_kernels.registry import OPS, Op
 
 DEFAULT_TRACED = ("rms_norm", "fused_add_rms_norm", "qk_norm_rope", "silu_and_mul", "rms_norm_quant_fp8",
-                  "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8", "per_group_quant_fp8")
+                  "fused_add_rms_norm_quant_fp8", "silu_and_mul_quant_fp8", "per_group_quant_fp8", "rotary_embedding",
+                  "topk_softmax", "grouped_topk")
 
 # Ops that AITER has no adapter for yet: Qwen3-Next's linear attention, MLA's expanded keys, the
 # norm and activation that quantise their output to fp8, and Quark's emulated W4A4 (AITER's MXFP4 ops
