@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-decode-tiles fp8-swap-ab mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops traced-candidates mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-swap-ab mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only;
@@ -47,10 +47,10 @@ multi_gpu() {  # COMMAND...
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
     VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm "$@"
 }
-# ATOM's default traced ops (atom_kernels.registry) as ATOM_INDUCTOR_OPS entries, each name + SUFFIX
-# (none: their torch implementations; :triton: as ATOM traces them by default on GPUs).
-default_traced_ops() {  # [SUFFIX]
-  python3 -c "from atom_kernels.registry import DEFAULT_TRACED_OPS as o; print(','.join(n + '${1:-}' for n in o))"
+# ATOM's default traced ops (atom_kernels.registry) as ATOM_INDUCTOR_OPS entries for their torch
+# implementations (by default ATOM traces their Triton ones on GPUs).
+default_traced_ops() {
+  python3 -c "from atom_kernels.registry import DEFAULT_TRACED_OPS as o; print(','.join(o))"
 }
 TP4_EP_ARGS="--engine-arg tensor_parallel_size=4 --engine-arg enable_expert_parallel=true"
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
@@ -162,21 +162,6 @@ for step in $steps; do
                                        --decode-steps 64 --workload-prompts 0 --host-ops \
                                        --engine-arg max_num_batched_tokens=2048
                                    done ;;
-    # vLLM + ATOM only: the default traced ops, then with rotary_embedding, topk_softmax and grouped_topk
-    # traced as Triton too (GPU test passed at 9c31333), on dummy weights of TRACED_CANDIDATE_MODELS:
-    # greedy tokens and offline throughput (engine_run.py), then the lone-prefill profile.
-    traced-candidates) for model in ${TRACED_CANDIDATE_MODELS:-moonlight-16b-a3b}; do
-                         for variant in default candidates; do
-                           ops=$(default_traced_ops :triton)
-                           [ $variant = default ] || ops=$ops,rotary_embedding:triton,topk_softmax:triton,grouped_topk:triton
-                           run=$out/traced-candidates/run-$model-$variant.json; mkdir -p "$out/traced-candidates"
-                           ATOM_INDUCTOR_OPS=$ops python3 "$here/e2e/engine_run.py" --config "$here/models/$model.json" \
-                             --out "$run" > "$run.log" 2>&1
-                           ATOM_INDUCTOR_OPS=$ops PROFILE_MODES=atom PROFILE_TIMEOUT=600 \
-                             profile_source $model-lone-prefill-$variant --config "$here/models/$model.json" \
-                             --prefill-prompts 1 --decode-batch 1 --decode-steps 64 --workload-prompts 0 --host-ops
-                         done
-                       done ;;
     mla-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-deepseek-v2-lite.json" \
                    --model deepseek-v2-lite --random-weights --concurrencies 1,16,64 ;;
     # MLA serving latency (issue 19), on one random V2-Lite checkpoint: greedy tokens of prompts served
@@ -277,10 +262,9 @@ for step in $steps; do
                 # DeepSeek-V3's width: no power of two, so the fused norm's last groups are masked.
                 python3 "$here/kernels/bench_fp8_fusion.py" --hidden 7168 --intermediate 2048 --rows 1,16,64,256,4096 \
                   --out "$out/fp8-fusion-7168.json" ;;
-    # Block-FP8 GEMM tiles at 16-64 rows (kernel only, 1512 timings: 85 s on an H200).
-    fp8-decode-tiles) python3 "$here/kernels/experiments/fp8_tiles.py" "$out/fp8-decode-tiles.json" ;;
-    # The same GEMM with swapped operands / TMA weight loads at 1-64 rows, and vLLM's path in the same run.
-    fp8-swap-ab) python3 "$here/kernels/experiments/fp8_swap_ab.py" "$out/fp8-swap-ab.json" --vllm ;;
+    # The block-FP8 GEMM with swapped operands / TMA weight loads at 1-64 rows (kernel only, 1536 timings:
+    # about 5 min on an H200).
+    fp8-swap-ab) python3 "$here/kernels/experiments/fp8_swap_ab.py" "$out/fp8-swap-ab.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

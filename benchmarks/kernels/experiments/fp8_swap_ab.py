@@ -1,28 +1,14 @@
-"""The block-FP8 GEMM at decode rows with the operands swapped and the weights read through TMA.
+"""The block-FP8 GEMM at 1-64 rows with swapped operands and/or TMA weight loads (fp8-h200.json[swap-ab]).
 
-    PYTHONPATH=packages/atom-kernels/src python3 fp8_swap_ab.py OUT.json [--rows 1,16,32,64] [--vllm]
+    PYTHONPATH=packages/atom-kernels/src python3 fp8_swap_ab.py OUT.json [--rows 1,16,32,64]
 
-Why: at 16-64 rows the shipped GEMM takes 1.07-1.85x the time of vLLM's path
-(``results/fp8-gemm-h200.json[fad0aae]``), and tile sizes and split counts are exhausted
-(``fp8-h200.json[decode-tiles]``). Its activation tile is the MMA's M side, which Hopper's wgmma
-wants 64 rows high: 16-row tiles fall back to the older MMA, 64-row tiles pad a 16- or 32-row batch.
-Swapped (what FlashInfer's swapAB GEMM does), the weight tile is the M side (64 or 128 output columns)
-and the tokens the N side, which wgmma takes 8 wide and up, so every row count runs wgmma on whole
-tiles. Each variant below computes ``out[M, N] = (a * sa) @ (b * sb).T`` with ``a`` [M, K] fp8 per
-token and 128-column group, ``b`` [N, K] fp8 per 128 x 128 block, bf16 out; split K as the shipped
-kernel does it (fp32 partials, ``gemm._split_k_sum_kernel``):
-
-- ``shipped``: ``gemm._launch_fp8_gemm`` as it runs;
-- ``swap``: swapped operands, pointer loads; ``swap_tma``: swapped, the weight tile through a TMA
-  descriptor; ``tma``: the shipped orientation with the weight tile through TMA.
-
-Tiles: weight tile 64 or 128 columns, token tile the fewest rows >= M that the MMA takes (16 / 32 /
-64), four warps, 4 or 6 stages, split K by the shipped rule (``auto``) and forced to 1, 2 and 4.
-Activations already quantized; random fp8 values and scales; CUDA-graph timings (us); each output's
-max |diff| / max |shipped| (summation order: a few 1e-3; a wrong tile O(1)). ``--vllm``: vLLM's own
-block-FP8 linear on the bf16 input (its activation quantization included), and ATOM's quantization
-launch + shipped GEMM, as ``bench_fp8_gemm.py`` builds them, so the best variant's gain reads against
-vLLM in the same run.
+``shipped``: ``gemm._launch_fp8_gemm`` (at 50bae49: activations on the MMA's M side, 16- and 64-row
+tiles); ``swap``: the weight tile on the M side, the rows on N, which wgmma takes 16 and 32 wide (what
+``gemm`` ships up to 32 rows since); ``swap_tma``: swapped, weights through a TMA descriptor; ``tma``:
+shipped orientation, weights through TMA. Weight tile 64 / 128 columns, 4 / 6 stages, split K by the
+shipped rule (``auto``) and 1 / 2 / 4. Quantized inputs, CUDA-graph us, each output's max |diff| /
+max |shipped|. The data's ``vllm_path_us`` / ``atom_path_us`` came from this script's ``--vllm`` at
+50bae49 (``bench_fp8_gemm.py`` measures the shipped GEMM against vLLM).
 """
 
 import argparse
@@ -37,7 +23,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]  # fp8_scales_ahead; bench_fp8_gemm (--vllm)
+sys.path.insert(0, HERE)
 from fp8_scales_ahead import scales  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
@@ -134,32 +120,10 @@ def us(fn) -> float:
     return round(do_bench_cudagraph(fn, rep=5) * 1000, 2)
 
 
-def vllm_paths(quant_config, n: int, k: int, b, b_scale):
-    """(vllm(x), atom(x)) on bf16 x: vLLM's block-FP8 linear as it serves one, ATOM's quant + GEMM."""
-    import bench_fp8_gemm as bench
-
-    import atom_kernels as ak
-
-    layer = bench.Layer("shape", f"{n}x{k}", (n,), k)
-    method, module = bench.vllm_block_fp8_linear(quant_config, layer, b, b_scale)
-
-    def atom(x):
-        xq, xs = ak.per_group_quant_fp8(x, BLOCK_K)
-        return ak.fp8_block_scaled_mm(xq, b, xs, b_scale, torch.bfloat16, BLOCK_K)
-
-    return (lambda x: method.apply(module, x)), atom
-
-
-def measure_shape(name: str, n: int, k: int, rows: list[int], quant_config, report: dict) -> None:
-    """Every variant at each row count of ``rows``; vLLM's path too where ``quant_config`` is given."""
+def measure_shape(name: str, n: int, k: int, rows: list[int], report: dict) -> None:
+    """Every variant at each row count of ``rows``."""
     b = (torch.randn(n, k, device="cuda") * 0.05).to(FP8)
     b_scale = scales(cdiv(n, 128), k // 128)
-    paths = None
-    if quant_config is not None:
-        try:
-            paths = vllm_paths(quant_config, n, k, b, b_scale)
-        except Exception as error:  # noqa: BLE001  (the variants are still measured)
-            report["vllm_errors"][name] = f"{type(error).__name__}: {error}"[:300]
     for m in rows:
         a, a_scale = torch.randn(m, k, device="cuda").to(FP8), scales(m, k // 128)
         shipped_out = gemm._launch_fp8_gemm(a, b, a_scale, b_scale, torch.bfloat16, None, True, 128).float()
@@ -178,10 +142,6 @@ def measure_shape(name: str, n: int, k: int, rows: list[int], quant_config, repo
             if diff < 0.05 and (best is None or time < best[6]):
                 best = row
         line = {"shape": name, "n": n, "k": k, "m": m, "shipped_us": shipped, "best": best}
-        if paths is not None:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            vllm, atom = paths
-            line["vllm_path_us"], line["atom_path_us"] = us(lambda: vllm(x)), us(lambda: atom(x))
         report["summary"].append(line)
         print(json.dumps(line), flush=True)
 
@@ -190,31 +150,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
     parser.add_argument("--rows", default="1,16,32,64")
-    parser.add_argument("--vllm", action="store_true", help="also time vLLM's path and ATOM's whole path")
     args = parser.parse_args()
     torch.manual_seed(0)
     report = {"device": torch.cuda.get_device_name(), "sms": sm_count(torch.device("cuda")),
               "columns": ["shape", "m", "variant", "block_n", "stages", "split", "us", "max_rel_diff"],
-              "rows": [], "summary": [], "vllm_errors": {}}
-    rows = [int(m) for m in args.rows.split(",")]
-    quant_config = vllm_quant_config() if args.vllm else None
+              "rows": [], "summary": []}
     for name, (n, k) in SHAPES.items():
-        measure_shape(name, n, k, rows, quant_config, report)
+        measure_shape(name, n, k, [int(m) for m in args.rows.split(",")], report)
         with open(args.out, "w") as f:
             json.dump(report, f, separators=(",", ":"))
-
-
-def vllm_quant_config():
-    """The quant config of a block-FP8 model, with vLLM's config current and its single-rank state up
-    for the rest of the process (vLLM's linear layers read both), as bench_fp8_gemm.py sets them."""
-    os.environ["ATOM_DISABLE_VLLM_PLUGIN"] = "1"
-    import bench_fp8_gemm as bench
-    from vllm.config import set_current_vllm_config
-
-    config = bench.block_fp8_vllm_config()
-    set_current_vllm_config(config).__enter__()
-    bench.init_single_rank_distributed()
-    return config.quant_config
 
 
 if __name__ == "__main__":
