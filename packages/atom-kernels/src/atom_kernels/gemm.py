@@ -222,7 +222,7 @@ def _gemm_config(m: int) -> dict[str, int]:
         # which Hopper's wgmma takes 16 and 32 wide where the unswapped tiles fell back to the older MMA
         # (16 rows) or padded 32 rows to 64: 0.84 / 0.86 / 0.88x their time at 1 / 16 / 32 rows (geomean
         # over eight FP8 linears of Qwen3 and DeepSeek-V3 with this split rule; H200,
-        # benchmarks/kernels/experiments/fp8-h200.json[swap-ab]); at 64 rows 1.12x, so not there.
+        # benchmarks/kernels/experiments/fp8-h200.json[swap-ab]); at 64 rows 1.13x, so not there.
         return {
             "BLOCK_M": 16 if m <= 16 else 32,
             "BLOCK_N": 64,
