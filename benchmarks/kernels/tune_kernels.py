@@ -180,6 +180,10 @@ def moe_candidates(
     }
     if weight_dtype == MXFP4 and num_tokens <= GEMV_MAX_TOKENS:
         candidates[GEMV] = {"gate_up": moe_gemv_tiles(), "down": moe_gemv_tiles()}
+    if weight_dtype != MXFP4:  # 16- and 32-row blocks: each tile swapped too (the weight tile on wgmma's M side)
+        for block_m in {16, 32} & set(candidates):
+            for tiles in candidates[block_m].values():
+                tiles += [{**t, "SWAP_AB": True} for t in tiles]
     return candidates
 
 

@@ -72,19 +72,24 @@ def compile_moe_gemm(signature: dict, constexprs: dict, tiles: dict) -> int:
 
 def moe_gemm_variants() -> list[tuple[dict, dict, dict]]:
     """(signature, constexprs, tiles): block-FP8 gate/up and down (DeepSeek-V3's one-token tiles of the
-    H100 table, the down GEMM split in K), an MXFP4 linear (microscaled dot) and an MXFP4 gate/up
-    decoded in registers."""
+    H100 table, the down GEMM split in K), both again with swapped operands, a bf16 gate/up swapped, an
+    MXFP4 linear (microscaled dot) and an MXFP4 gate/up decoded in registers."""
     common = dict(A_ROW_DIVISOR=1, ACT=moe.ACT_SILU, DOT_PRECISION="ieee", EVEN_K=True, MXFP4=False,
                   MX_DOT=False, MX_REGISTERS=False, A_FORMAT="", HAS_BIAS=False, MUL_ROUTED_WEIGHT=False,
-                  GATED=False, W8A8=True, SCALE_BLOCK=128, PARTIAL=False, BLOCK_M=16)
+                  GATED=False, W8A8=True, SCALE_BLOCK=128, PARTIAL=False, BLOCK_M=16, SWAP_AB=False)
     gate_up = dict(common, GATED=True, A_ROW_DIVISOR=8)
     down = dict(common, MUL_ROUTED_WEIGHT=True, PARTIAL=True)
     linear = dict(common, W8A8=False, MXFP4=True, MX_DOT=True, A_FORMAT="bf16", SCALE_BLOCK=0, HAS_BIAS=True)
     # gpt-oss's gate/up GEMM with the weights decoded in registers (inline PTX: only ptxas checks it).
     registers = dict(linear, MX_DOT=False, MX_REGISTERS=True, GATED=True, A_ROW_DIVISOR=4,
                      ACT=moe.ACTIVATIONS["clamped_swiglu"])
+    bf16_gate_up = dict(gate_up, W8A8=False, SCALE_BLOCK=0, SWAP_AB=True)
     tiles = moe.default_moe_config(1, 1)["down"]
+    swapped = {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
     return [
+        (moe_gemm_signature("*fp8e4nv", "*fp32", "*bf16", True, False, False), dict(gate_up, SWAP_AB=True), swapped),
+        (moe_gemm_signature("*fp8e4nv", "*fp32", "*fp32", True, True, False), dict(down, SWAP_AB=True), swapped),
+        (moe_gemm_signature("*bf16", None, "*bf16", False, False, False), bf16_gate_up, swapped),
         (moe_gemm_signature("*fp8e4nv", "*fp32", "*bf16", True, False, False), gate_up,
          {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 8, "num_stages": 4}),
         (moe_gemm_signature("*fp8e4nv", "*fp32", "*fp32", True, True, False), down,

@@ -577,6 +577,42 @@ def test_split_k_sums_what_one_program_computes(weight_format, split_k):
     assert_close(split, unsplit, dtype, "accumulated")
 
 
+@pytest.mark.parametrize("weight_format", ["bf16", "fp8-channel", "fp8-block32"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_swapped_tiles_compute_what_the_unswapped_do(weight_format, split_k):
+    """SWAP_AB tiles (the weight tile times the rows, _dense_step) give the unswapped output up to
+    summation order: gated and plain GEMMs, biases, interleaved rows, split K; padding rows of a
+    16-row block (7 tokens x top 2 over 4 experts) are dropped. MXFP4 tiles have no swapped form."""
+    from atom_kernels.moe import run_fused_moe
+
+    num_tokens, hidden, inter, num_experts, top_k = 7, 128, 96, 4, 2
+    dtype = torch.bfloat16
+    x = rand(num_tokens, hidden, dtype=dtype)
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    options = {"act": 3, "interleaved": True, "alpha": 1.702, "limit": 1.0,
+               "w13_bias": rand(num_experts, 2 * inter, dtype=dtype), "w2_bias": rand(num_experts, hidden, dtype=dtype)}
+    if weight_format == "bf16":
+        w13 = rand(num_experts, 2 * inter, hidden, dtype=dtype, scale=hidden**-0.5)
+        w2 = rand(num_experts, hidden, inter, dtype=dtype, scale=inter**-0.5)
+    else:
+        block_size = 32 if weight_format == "fp8-block32" else 0
+        w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
+        options.update(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size)
+
+    def config(swap: bool) -> dict:
+        tiles = {"BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "SPLIT_K": split_k,
+                 "SWAP_AB": swap}
+        return {"BLOCK_M": 16, "gate_up": tiles, "down": tiles}
+
+    swapped = run_fused_moe(x, w13, w2, weights, ids, config(True), **options)
+    assert_close(swapped, run_fused_moe(x, w13, w2, weights, ids, config(False), **options), dtype, "accumulated")
+    (w13, w13_scale), (w2, w2_scale) = mxfp4_weight(num_experts, 2 * inter, hidden), mxfp4_weight(num_experts, hidden,
+                                                                                                  inter)
+    with pytest.raises(ValueError, match="SWAP_AB is for bf16 and fp8 weights"):
+        run_fused_moe(x, w13, w2, weights, ids, config(True), w13_scale=w13_scale, w2_scale=w2_scale,
+                      weight_format="mxfp4")
+
+
 @triton.jit
 def _decode_e2m1_kernel(codes_ptr, out_ptr):
     i = tl.arange(0, 16)

@@ -409,6 +409,41 @@ def _mxfp4_step_registers(acc_t, a_rows, w_rows, codes, k0, K, BLOCK_M: tl.const
     return tl.dot(w, tl.trans(a), acc_t)
 
 
+@triton.jit
+def _dense_step(acc, a, a_scale, w_cols, w_scales, ks, k0, K, EVEN_K: tl.constexpr, W8A8: tl.constexpr,
+                SCALE_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K step of a bf16 or fp8 expert GEMM: ``a`` [BLOCK_M, BLOCK_K] (its step's block scales
+    ``a_scale``) times the weight columns ``w_cols`` [1, BLOCK_N] point at, into ``acc`` [BLOCK_M,
+    BLOCK_N], or with ``SWAP_AB`` into its transpose: the weight tile is then the MMA's M side and
+    the rows its N side, which Hopper's wgmma takes 16 wide (the dense FP8 GEMM's swapped tiles,
+    atom_kernels.gemm). fp8: a fresh dot per K step, added in fp32 (Hopper's fp8 MMA accumulates with
+    fewer bits than fp32); block scaled, BLOCK_K divides SCALE_BLOCK, so the step lies in one K group."""
+    if SWAP_AB:
+        w_ptrs, k_valid = tl.trans(w_cols) + ks[None, :], (ks < K)[None, :]
+    else:
+        w_ptrs, k_valid = w_cols + ks[:, None], (ks < K)[:, None]
+    if EVEN_K:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=k_valid, other=0.0)
+    if SWAP_AB:
+        left, right = w, tl.trans(a)
+    else:
+        left, right = a, w
+    if SCALE_BLOCK > 0:
+        w_scale = tl.load(w_scales + k0 // SCALE_BLOCK)
+        if SWAP_AB:
+            scale = w_scale[:, None] * a_scale[None, :]
+        else:
+            scale = a_scale[:, None] * w_scale[None, :]
+        acc += tl.dot(left, right) * scale
+    elif W8A8:
+        acc += tl.dot(left, right)
+    else:
+        acc = tl.dot(left, right, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
 # a_scale_stride_k is the token count for group-major scales (atom_kernels.quant.new_scales).
 @triton.jit(do_not_specialize=["num_entries", "split_k", "a_scale_stride_k"])
 def _moe_gemm_kernel(
@@ -456,6 +491,7 @@ def _moe_gemm_kernel(
     DOT_PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr,
     PARTIAL: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     # Grouped program order: GROUP_M row blocks share each weight column block while it is in L2.
     pid = tl.program_id(0)
@@ -483,16 +519,17 @@ def _moe_gemm_kernel(
     # stacked [gate | up] layout, step 2 and offset 1 for interleaved rows.
     w_rows = (cols % N) * gate_up_step
     w_cols = w_expert + w_rows.to(tl.int64)[None, :] * w_stride_n
-    if MX_REGISTERS:  # transposed accumulators (_mxfp4_step_registers)
+    if MX_REGISTERS or SWAP_AB:  # transposed accumulators (_mxfp4_step_registers, _dense_step)
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if GATED:
         up_cols = w_expert + (w_rows + up_offset).to(tl.int64)[None, :] * w_stride_n
-        if MX_REGISTERS:
+        if MX_REGISTERS or SWAP_AB:
             acc_up = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         else:
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_scales, up_scales = None, None  # bf16 weights have none
     if W8A8:
         # fp8 A and W. A's scale rows are gathered like its rows; weight row r has scale row
         # r // SCALE_BLOCK (blocks of SCALE_BLOCK x SCALE_BLOCK), or r with SCALE_BLOCK 0 (per row).
@@ -545,31 +582,16 @@ def _moe_gemm_kernel(
             ks = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 a = tl.load(a_rows + ks[None, :])
-                w = tl.load(w_cols + ks[:, None])
             else:
                 a = tl.load(a_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
-                w = tl.load(w_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
-            # fp8: a fresh dot per K step, added in fp32 (Hopper's fp8 MMA accumulates with fewer bits
-            # than fp32). Block scaled: BLOCK_K divides SCALE_BLOCK, so the step lies in one K group.
+            a_scale = None
             if SCALE_BLOCK > 0:
-                k_group = k0 // SCALE_BLOCK
-                a_scale = tl.load(a_scales + k_group * a_scale_stride_k)[:, None]
-                acc += tl.dot(a, w) * (a_scale * tl.load(w_scales + k_group)[None, :])
-            elif W8A8:
-                acc += tl.dot(a, w)
-            else:
-                acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+                a_scale = tl.load(a_scales + (k0 // SCALE_BLOCK) * a_scale_stride_k)
+            acc = _dense_step(acc, a, a_scale, w_cols, w_scales, ks, k0, K, EVEN_K, W8A8, SCALE_BLOCK, SWAP_AB,
+                              DOT_PRECISION)
             if GATED:
-                if EVEN_K:
-                    w_up = tl.load(up_cols + ks[:, None])
-                else:
-                    w_up = tl.load(up_cols + ks[:, None], mask=(ks < K)[:, None], other=0.0)
-                if SCALE_BLOCK > 0:
-                    acc_up += tl.dot(a, w_up) * (a_scale * tl.load(up_scales + k_group)[None, :])
-                elif W8A8:
-                    acc_up += tl.dot(a, w_up)
-                else:
-                    acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
+                acc_up = _dense_step(acc_up, a, a_scale, up_cols, up_scales, ks, k0, K, EVEN_K, W8A8, SCALE_BLOCK,
+                                     SWAP_AB, DOT_PRECISION)
         if MX_DOT:
             codes = next_codes
             if GATED:
@@ -579,6 +601,10 @@ def _moe_gemm_kernel(
         acc = tl.trans(acc) * REGISTER_DECODE_RESCALE
         if GATED:
             acc_up = tl.trans(acc_up) * REGISTER_DECODE_RESCALE
+    elif SWAP_AB:
+        acc = tl.trans(acc)
+        if GATED:
+            acc_up = tl.trans(acc_up)
     if W8A8 and SCALE_BLOCK == 0:
         a_scale = tl.load(a_scales)[:, None]
         acc *= a_scale * tl.load(w_scales)[None, :]
@@ -732,12 +758,17 @@ def launch_moe_gemm(
     ``a_scale`` [a rows, 1] and ``w_scale`` [E, rows] or [E, rows, 1]. MXFP4 ``w`` (``mxfp4``) is
     packed [E, rows, K / 2] with ``w_scale`` uint8 [E, rows, K / 32], and ``a`` is not quantized.
 
-    ``tiles["SPLIT_K"]`` (default 1) > 1 splits K among that many programs per output tile. Gated,
+    ``tiles["SWAP_AB"]`` (default False; bf16 and fp8 weights): each K step multiplies the weight
+    tile by the rows (:func:`_dense_step`). ``tiles["SPLIT_K"]`` (default 1) > 1 splits K among that
+    many programs per output tile. Gated,
     their fp32 partials are reduced here into ``out`` (``expert_ids``, the flat top-k ids, find each
     row's bias). Plain, ``out`` holds the partials: fp32, ``SPLIT_K`` consecutive rows per entry,
     for the caller to sum with the entry's other top-k rows (:func:`sum_expert_rows`)."""
     tiles = dict(tiles)
     split_k = tiles.pop("SPLIT_K", 1)
+    swap_ab = tiles.pop("SWAP_AB", False)
+    if swap_ab and mxfp4:
+        raise ValueError("launch_moe_gemm: SWAP_AB is for bf16 and fp8 weights (MXFP4 tiles decode in registers)")
     n, k = out.shape[1], a.shape[1]
     if split_k > 1 and not gated and out.shape[0] != num_entries * split_k:
         raise ValueError(f"launch_moe_gemm: SPLIT_K {split_k} needs {num_entries * split_k} output "
@@ -797,6 +828,7 @@ def launch_moe_gemm(
         DOT_PRECISION=dot_precision(a.dtype),
         EVEN_K=k % tiles["BLOCK_K"] == 0,
         PARTIAL=split_k > 1,
+        SWAP_AB=swap_ab,
         BLOCK_M=block_m,
         **tiles,
     )
