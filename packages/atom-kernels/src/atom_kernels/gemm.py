@@ -274,10 +274,10 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, fro
     to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-h200.json[split-k]``). The swapped
     tiles of up to 32 rows take 8 steps and no split below ``from_steps`` = 32 K steps, where the sum
     kernel's launch costs more than the split saves (``fp8-h200.json[swap-ab]``: K = 2048 unsplit
-    5.5-6.3 us, in two 6.4-8.0). Up to four programs an SM (148a1a1) was slower at 32 rows where it
-    launched more programs than four an SM hold at once: Qwen3-8B's down_proj in 9 splits 28.5 us and
-    DeepSeek-V3's o_proj in 5 54.5 us with the quantization launch
-    (``results/fp8-gemm-h200.json[2026-11-29-148a1a1]``), in 5 and 3 splits 19.4 and 36.7 us without it."""
+    5.5-6.3 us, in two 6.4-8.0). Up to four programs an SM (148a1a1) was slower at 32 rows of the long-K
+    layers: Qwen3-8B's down_proj in 9 splits 28.5 us, DeepSeek-V3's o_proj in 5 splits 54.5 us with the
+    quantization launch (``results/fp8-gemm-h200.json[2026-11-29-148a1a1]``), where 5 and 3 splits (two
+    an SM) had taken 19.4 and 36.7 us without it."""
     sms = sm_count(device)
     if tiles >= sms or k_steps < from_steps:
         return 1
