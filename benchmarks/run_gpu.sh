@@ -79,10 +79,11 @@ for step in $steps; do
     kernels) python3 "$here/kernels/bench_kernels.py" --out "$out/kernels.json" ;;
     op-launch) python3 "$here/kernels/bench_op_launch.py" --out "$out/op-launch.json" --rows 1 ;;
     sweep) python3 "$here/kernels/sweep_tokens.py" --out "$out/sweep-tokens.json" ;;
-    # TUNE_OPS / TUNE_MODELS (tune_kernels.py's --ops / --models) narrow a run to fit a lease: on one H100
-    # --ops moe_fp8 took 2.5 minutes with its comparisons, --ops moe --models qwen3-30b-a3b 1.2.
+    # TUNE_OPS / TUNE_MODELS / TUNE_TOKENS (tune_kernels.py's --ops / --models / --tokens) narrow a run to
+    # fit a lease: on one H100 --ops moe_fp8 took 2.5 minutes with its comparisons, --ops moe --models
+    # qwen3-30b-a3b 1.2.
     tune) python3 "$here/kernels/tune_kernels.py" --out-dir "$out/tuned" ${TUNE_OPS:+--ops "$TUNE_OPS"} \
-            ${TUNE_MODELS:+--models "$TUNE_MODELS"} ;;
+            ${TUNE_MODELS:+--models "$TUNE_MODELS"} ${TUNE_TOKENS:+--tokens "$TUNE_TOKENS"} ;;
     fp8-offline) python3 "$here/e2e/bench_offline.py" --out "$out/offline-fp8.json" qwen3-8b-fp8 qwen3-30b-a3b-fp8 ;;
     # Low-concurrency serving is where the split-K FP8 GEMMs of decode sizes show (06ddc6f).
     fp8-serving) python3 "$here/e2e/bench_serving.py" --out "$out/serving-qwen3-8b-fp8.json" --model qwen3-8b-fp8 \

@@ -1,7 +1,7 @@
 """Tune ATOM's Triton tile configs on this GPU and write the tables that ``atom_kernels.tuned`` reads.
 
     python benchmarks/kernels/tune_kernels.py --out-dir DIR [--ops moe,moe_fp8,moe_mxfp4,attention] [--jobs 16] \
-        [--models M,...]   # MoE ops: only these models
+        [--models M,...] [--tokens N,...]   # MoE ops: only these models, token counts
     python benchmarks/kernels/tune_kernels.py --dry-run [--ops ...]   # the plan; needs no GPU
 
 * fused MoE, ``moe`` (bf16 experts of Qwen3-30B-A3B, DeepSeek-V2-Lite, DeepSeek-V3 and
@@ -612,6 +612,7 @@ def comparison_row(
     return {
         **fields,
         "default_us": times["default"],
+        "packaged_us": times["packaged"],
         "tuned_us": times["tuned"],
         f"{theirs}_us": theirs_us,
         "ratio_default": None if theirs_us is None else times["default"] / theirs_us,
@@ -621,7 +622,7 @@ def comparison_row(
 
 
 def print_row(label: str, row: dict, theirs: str) -> None:
-    line = f"{label}: default {row['default_us']:8.1f} tuned {row['tuned_us']:8.1f} "
+    line = f"{label}: default {row['default_us']:8.1f} packaged {row['packaged_us']:8.1f} tuned {row['tuned_us']:8.1f} "
     if row[f"{theirs}_us"] is None:
         line += f"{theirs} unavailable ({row[f'{theirs}_unavailable']})"
     else:
@@ -662,20 +663,18 @@ def vllm_fused_experts(s: MoeShape) -> tuple[float | None, torch.Tensor | None, 
 
 
 def compare_ops(report: dict, ops: list[str]) -> None:
-    """The whole ops with the built-in defaults, with the new tables, and vLLM's kernel."""
+    """The whole ops with the built-in defaults, the packaged tables, the new tables, and vLLM's kernel."""
     import atom_kernels as ak
     from atom_kernels import tuned
 
     packaged = tuned.PACKAGED_DIR
 
     def both(fn) -> dict:
-        """Times and outputs of ``fn`` with no tables (the built-in defaults), then with DIR's."""
+        """Times and outputs of ``fn`` with no tables (the built-in defaults), the packaged ones, DIR's."""
         times = {}
-        for label in ("default", "tuned"):
-            tuned.PACKAGED_DIR = packaged if label == "tuned" else Path("/nonexistent")
-            os.environ["ATOM_TUNED_CONFIG_DIR"] = (
-                report["out_dir"] if label == "tuned" else ""
-            )
+        for label in ("default", "packaged", "tuned"):
+            tuned.PACKAGED_DIR = Path("/nonexistent") if label == "default" else packaged
+            os.environ["ATOM_TUNED_CONFIG_DIR"] = report["out_dir"] if label == "tuned" else ""
             tuned.clear_cache()
             times[label] = graph_us(fn)
             times[f"{label}_out"] = fn().clone()
@@ -721,13 +720,14 @@ def compare_ops(report: dict, ops: list[str]) -> None:
 
 
 def write_table(path: Path, device: str, entries: dict) -> None:
-    """Add ``entries`` (shape key: sizes) to ``path``'s table for ``device``, keeping its other shapes
-    and GPUs. A new file starts from the packaged table: copied into the package, it drops nothing."""
+    """Add ``entries`` (shape key: sizes) to ``path``'s table for ``device``, keeping its other shapes,
+    sizes and GPUs. A new file starts from the packaged table: copied into the package, it drops nothing."""
     from atom_kernels import tuned
 
     source = path if path.exists() else tuned.PACKAGED_DIR / path.name
     table = json.loads(source.read_text()) if source.exists() else {}
-    table.setdefault(device, {}).update(entries)
+    for key, sizes in entries.items():
+        table.setdefault(device, {}).setdefault(key, {}).update(sizes)
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
@@ -759,6 +759,7 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path)
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--models", help="tune the MoE ops for these models only (comma-separated)")
+    parser.add_argument("--tokens", help="tune the MoE ops at these token counts only (comma-separated)")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be timed and compiled, and exit"
@@ -771,6 +772,10 @@ def main() -> None:
         wanted = set(args.models.split(","))
         for op, (models, token_counts, weight_dtype) in MOE_OPS.items():
             MOE_OPS[op] = ({m: d for m, d in models.items() if m in wanted}, token_counts, weight_dtype)
+    if args.tokens:
+        wanted = {int(n) for n in args.tokens.split(",")}
+        for op, (models, token_counts, weight_dtype) in MOE_OPS.items():
+            MOE_OPS[op] = (models, [n for n in token_counts if n in wanted], weight_dtype)
     if args.dry_run:
         print_plan(ops)
         return
