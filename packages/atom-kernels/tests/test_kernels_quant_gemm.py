@@ -192,15 +192,18 @@ def test_split_k_fills_the_gpu(tiles, k_steps, min_steps, want):
     assert gemm._split_k(tiles, k_steps, min_steps, torch.device("cpu")) == want
 
 
-@pytest.mark.parametrize("rows, tiles, k_steps, want", [(1, 96, 32, 3), (16, 64, 96, 5), (32, 80, 16, 1),
-                                                        (32, 112, 128, 3), (8, 384, 32, 1), (64, 96, 32, 2)])
+@pytest.mark.parametrize("rows, tiles, k_steps, want", [(1, 96, 32, 4), (16, 64, 96, 9), (32, 64, 96, 5),
+                                                        (32, 80, 16, 1), (32, 112, 128, 3), (8, 384, 32, 1),
+                                                        (64, 96, 32, 2)])
 def test_split_k_of_each_tile_config(rows, tiles, k_steps, want):
-    """The rule as each row count's tiles set it: swapped tiles (up to 32 rows) 8 K steps a split and
-    no split below 32 K steps; 64-row tiles 12 steps a split."""
+    """The rule as each row count's tiles set it: swapped tiles (up to 32 rows) 8 K steps a split, no
+    split below 32 K steps, up to four programs an SM with 16 rows and two with 32; 64-row tiles 12
+    steps a split."""
     config = gemm._gemm_config(rows)
-    min_steps, from_steps = gemm._split_rule(config)
+    rule = gemm._split_rule(config)
     assert config["SWAP_AB"] == (rows <= 32)
-    assert gemm._split_k(tiles, k_steps, min_steps, torch.device("cpu"), from_steps) == want
+    assert not any(key.startswith("split_") for key in config)
+    assert gemm._split_k(tiles, k_steps, rule[0], torch.device("cpu"), *rule[1:]) == want
 
 
 @backends

@@ -216,7 +216,7 @@ def _split_k_sum_kernel(partial_ptr, out_ptr, bias_ptr, M, N, out_stride, splits
 def _gemm_config(m: int) -> dict[str, int]:
     """Tiles by M: decode-sized M streams the weights, prefill-sized M is compute bound.
     ``split_*``: how :func:`_split_k` cuts K for these tiles (fewest K steps a split, fewest K steps
-    before splitting at all)."""
+    before splitting at all, programs an SM)."""
     if m <= 32:
         # Operands swapped: the weight tile is the MMA's M side (64 output columns), the rows its N side,
         # which Hopper's wgmma takes 16 and 32 wide where the unswapped tiles fell back to the older MMA
@@ -233,6 +233,7 @@ def _gemm_config(m: int) -> dict[str, int]:
             "num_stages": 4,
             "split_min_steps": 8,
             "split_from_steps": 32,
+            "split_programs_per_sm": 4 if m <= 16 else 2,
         }
     if m <= 64:
         return {
@@ -259,11 +260,13 @@ def _gemm_config(m: int) -> dict[str, int]:
     }
 
 
-# Split K when the output tiles leave SMs idle, up to SPLIT_K_PROGRAMS_PER_SM programs an SM.
+# Split K when the output tiles leave SMs idle, up to SPLIT_K_PROGRAMS_PER_SM programs an SM (unless the
+# tiles' config says otherwise).
 SPLIT_K_PROGRAMS_PER_SM = 2
 
 
-def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, from_steps: int = 0) -> int:
+def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, from_steps: int = 0,
+             programs_per_sm: int = SPLIT_K_PROGRAMS_PER_SM) -> int:
     """How many K ranges each output tile is cut into: one when the tiles alone fill the GPU. Short
     wide layers (DeepSeek's kv_a_proj: 9 tiles of 56 K steps at decode) otherwise run on a few SMs
     one K step after another. Each split writes an fp32 partial of its tile, so splits of few K
@@ -274,19 +277,21 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, fro
     to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-h200.json[split-k]``). The swapped
     tiles of up to 32 rows take 8 steps and no split below ``from_steps`` = 32 K steps, where the sum
     kernel's launch costs more than the split saves (``fp8-h200.json[swap-ab]``: K = 2048 unsplit
-    5.5-6.3 us, in two 6.4-8.0). Up to four programs an SM (148a1a1) was slower at 32 rows of the long-K
-    layers: Qwen3-8B's down_proj in 9 splits 28.5 us, DeepSeek-V3's o_proj in 5 splits 54.5 us with the
-    quantization launch (``results/fp8-gemm-h200.json[2026-11-29-148a1a1]``), where 5 and 3 splits (two
-    an SM) had taken 19.4 and 36.7 us without it."""
+    5.5-6.3 us, in two 6.4-8.0). Programs an SM, long-K layers with the quantization launch, four against
+    two (``results/fp8-gemm-h200.json``, ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``): at 16
+    rows four were faster (Qwen3-8B's down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 / 47.5), at 32
+    rows two (28.5 / 27.0, 54.5 / 49.8): a 32-row tile holds more shared memory and registers, so fewer
+    of its programs fit an SM at once."""
     sms = sm_count(device)
     if tiles >= sms or k_steps < from_steps:
         return 1
-    return max(1, min(cdiv(SPLIT_K_PROGRAMS_PER_SM * sms, tiles), k_steps // min_steps))
+    return max(1, min(cdiv(programs_per_sm * sms, tiles), k_steps // min_steps))
 
 
-def _split_rule(config: dict) -> tuple[int, int]:
-    """Pops a tile config's ``split_*`` keys: :func:`_split_k`'s (min_steps, from_steps)."""
-    return config.pop("split_min_steps"), config.pop("split_from_steps", 0)
+def _split_rule(config: dict) -> tuple[int, int, int]:
+    """Pops a tile config's ``split_*`` keys: :func:`_split_k`'s (min_steps, from_steps, programs_per_sm)."""
+    return (config.pop("split_min_steps"), config.pop("split_from_steps", 0),
+            config.pop("split_programs_per_sm", SPLIT_K_PROGRAMS_PER_SM))
 
 
 def _launch_fp8_gemm(
@@ -317,7 +322,7 @@ def _launch_fp8_gemm(
     if m == 0 or n == 0:
         return out
     config = {"SWAP_AB": False, **(config or _gemm_config(m))}
-    min_steps, from_steps = _split_rule(config)
+    min_steps, from_steps, programs_per_sm = _split_rule(config)
     if block_scaled:
         config["BLOCK_K"] = min(config["BLOCK_K"], scale_block)
         if scale_block % config["BLOCK_K"]:
@@ -327,7 +332,7 @@ def _launch_fp8_gemm(
     tiles = cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"])
     k_steps = cdiv(k, config["BLOCK_K"])
     if split_k is None:
-        split_k = _split_k(tiles, k_steps, min_steps, a.device, from_steps)
+        split_k = _split_k(tiles, k_steps, min_steps, a.device, from_steps, programs_per_sm)
     steps_per_split = max(1, cdiv(k_steps, max(1, min(split_k, k_steps))))
     split_k = max(1, cdiv(k_steps, steps_per_split))  # no empty split (one program a tile at K = 0)
     partial = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device) if split_k > 1 else None
