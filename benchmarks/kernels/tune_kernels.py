@@ -19,9 +19,10 @@
 
 Every timing is a CUDA-graph replay (median of a few). Candidates compile first, in ``--jobs``
 processes, into the shared Triton cache. Then the whole ops run with the new tables, next to the
-built-in defaults and vLLM's kernel (fused_experts, with its block-FP8 W8A8 path for ``moe_fp8``, and
+built-in defaults, the packaged tables and vLLM's kernel (fused_experts, with its block-FP8 W8A8 path for ``moe_fp8``, and
 on the dequantized bf16 weights for ``moe_mxfp4``: vLLM's MXFP4 MoE needs its own weight layout;
-FlashAttention 3), and their outputs are compared (MoE: also with ATOM's torch reference).
+FlashAttention 3), and their outputs are compared (MoE: also with ATOM's torch reference); a MoE entry
+whose whole op ran over 2 % slower than with the packaged one is put back (``kept_packaged``).
 Writes DIR/fused_moe.json and DIR/attention.json and DIR/tune-report.json. A table keeps the shapes
 and GPUs it had (a new one starts from the packaged table), so a run of some ops drops no entry of
 the others. Point ``ATOM_TUNED_CONFIG_DIR`` at DIR to use the tables at once; copy them into
@@ -719,6 +720,34 @@ def compare_ops(report: dict, ops: list[str]) -> None:
                 print_row(f"attention {model} {kind}", row, "fa3")
 
 
+# A new MoE entry whose whole op ran more than this many times slower than with the packaged table's
+# keeps the packaged entry: the tuner picks by the two GEMMs' sum, the whole op decides what ships.
+KEEP_PACKAGED_ABOVE = 1.02
+
+
+def keep_packaged_where_slower(report: dict) -> None:
+    """Puts the packaged entries back into DIR's fused_moe.json where :func:`compare_ops` timed the
+    whole op slower with the new ones (marked ``kept_packaged`` in the report)."""
+    from atom_kernels import tuned
+    from atom_kernels.moe import moe_shape_key
+
+    path = Path(report["out_dir"]) / "fused_moe.json"
+    source = tuned.PACKAGED_DIR / path.name
+    if not path.exists() or not source.exists():
+        return
+    packaged = json.loads(source.read_text()).get(report["device"], {})
+    table = json.loads(path.read_text())
+    for row in report["fused_moe"]:
+        models, _, weight_dtype = MOE_OPS[row["op"]]
+        experts, top_k, hidden, inter = models[row["model"]]
+        key, size = moe_shape_key(experts, hidden, inter, top_k, weight_dtype), str(row["tokens"])
+        old = packaged.get(key, {}).get(size)
+        if old is not None and row["tuned_us"] > KEEP_PACKAGED_ABOVE * row["packaged_us"]:
+            table[report["device"]][key][size] = old
+            row["kept_packaged"] = True
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+
 def write_table(path: Path, device: str, entries: dict) -> None:
     """Add ``entries`` (shape key: sizes) to ``path``'s table for ``device``, keeping its other shapes,
     sizes and GPUs. A new file starts from the packaged table: copied into the package, it drops nothing."""
@@ -805,6 +834,7 @@ def main() -> None:
 
     with set_current_vllm_config(VllmConfig()):
         compare_ops(report, ops)
+    keep_packaged_where_slower(report)
     report["total_s"] = time.time() - began
     (args.out_dir / "tune-report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"done in {report['total_s']:.0f} s")
