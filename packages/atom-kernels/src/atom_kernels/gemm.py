@@ -278,10 +278,10 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, fro
     tiles of up to 32 rows take 8 steps and no split below ``from_steps`` = 32 K steps, where the sum
     kernel's launch costs more than the split saves (``fp8-h200.json[swap-ab]``: K = 2048 unsplit
     5.5-6.3 us, in two 6.4-8.0). Programs an SM, long-K layers with the quantization launch, four against
-    two (``results/fp8-gemm-h200.json``, ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``): at 16
-    rows four were faster (Qwen3-8B's down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 / 47.5), at 32
-    rows two (28.5 / 27.0, 54.5 / 49.8): a 32-row tile holds more shared memory and registers, so fewer
-    of its programs fit an SM at once."""
+    two (``results/fp8-gemm-h200.json``, ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``, two
+    H200s): at 16 rows four were faster (Qwen3-8B's down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 /
+    47.5), at 32 rows two (28.5 / 27.0, 54.5 / 49.8); likely as a 32-row tile holds more shared memory and
+    registers, so fewer of its programs fit an SM at once (not profiled)."""
     sms = sm_count(device)
     if tiles >= sms or k_steps < from_steps:
         return 1
