@@ -113,8 +113,11 @@ def read_run(out: str, error: str | None = None) -> dict:
     lines = log_text.splitlines(keepends=True)
     result["atom_log_lines"] = atom_log_lines(lines, 40)
     scales = result.get("served_by", {}).get("kv_cache_scales")
-    if scales and all(pair == [1.0, 1.0] for pair in scales.values()):
-        del result["served_by"]["kv_cache_scales"]  # every layer at the default: nothing to record
+    # Nothing to record where the cache is 16-bit (the scales go unused; vLLM's dummy loader fills them
+    # with its random values) or every layer has the default.
+    if scales and (result.get("kv_cache_dtype", "auto") == "auto"
+                   or all(pair == [1.0, 1.0] for pair in scales.values())):
+        del result["served_by"]["kv_cache_scales"]
     result["vllm_kernel_lines"] = [line for line in lines if KERNEL_CHOICE.search(line)][:20]
     return result
 
