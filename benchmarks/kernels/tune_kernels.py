@@ -64,12 +64,9 @@ MOE_FP8_MODELS = {  # block-FP8 checkpoints, same columns
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "deepseek-v3": (256, 8, 7168, 2048),  # TP 1: 10.5 GiB of fp8 experts on the GPU
 }
-# Fewer sizes than bf16, up to 4096 tokens. Estimate (not measured yet) for an H200, --jobs 16:
-# 492 candidates compile in ~40 s (the bf16 run: 608 in 38 s); ~2,400 timings at ~25 ms each (bf16:
-# 3,800 in ~95 s), up to 8 x the kernel's time for DeepSeek-V3's long GEMMs (ms each from 1024
-# tokens): ~1.5 min; the comparisons ~1 min (vLLM compiles its FP8 kernels on first use). About
-# 3.5 min for moe_fp8, and about 5.5 min with the bf16 run's 130 s: inside 8 minutes.
-MOE_FP8_TOKENS = [1, 16, 64, 256, 512, 1024, 2048, 4096]
+# Fewer sizes than bf16 below 1024 tokens; 8192 and 16384 since vLLM's offline prefill steps take
+# 16384 tokens on an H200 (max_num_batched_tokens), which took the 4096 entry before.
+MOE_FP8_TOKENS = [1, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384]
 MXFP4 = torch.uint8  # the stored dtype of MXFP4 experts
 MOE_MXFP4_MODELS = {  # gpt-oss: 32 / 128 experts, top 4, hidden = intermediate = 2880
     "gpt-oss-20b": (32, 4, 2880, 2880),
@@ -727,7 +724,8 @@ KEEP_PACKAGED_ABOVE = 1.02
 
 def keep_packaged_where_slower(report: dict) -> None:
     """Puts the packaged entries back into DIR's fused_moe.json where :func:`compare_ops` timed the
-    whole op slower with the new ones (marked ``kept_packaged`` in the report)."""
+    whole op slower with the new ones (marked ``kept_packaged`` in the report); a size the packaged
+    table lacks is dropped, so its token counts keep the packaged entry they looked up."""
     from atom_kernels import tuned
     from atom_kernels.moe import moe_shape_key
 
@@ -741,10 +739,14 @@ def keep_packaged_where_slower(report: dict) -> None:
         models, _, weight_dtype = MOE_OPS[row["op"]]
         experts, top_k, hidden, inter = models[row["model"]]
         key, size = moe_shape_key(experts, hidden, inter, top_k, weight_dtype), str(row["tokens"])
+        if row["tuned_us"] <= KEEP_PACKAGED_ABOVE * row["packaged_us"]:
+            continue
         old = packaged.get(key, {}).get(size)
-        if old is not None and row["tuned_us"] > KEEP_PACKAGED_ABOVE * row["packaged_us"]:
+        if old is None:
+            del table[report["device"]][key][size]
+        else:
             table[report["device"]][key][size] = old
-            row["kept_packaged"] = True
+        row["kept_packaged"] = True
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
