@@ -162,11 +162,17 @@ def moe_gemv_tiles() -> list[dict]:
     ]
 
 
+# Row blocks from which the gate/up GEMM is also timed in its plain form (atom_kernels.moe.plain_gate_up:
+# one GEMM over the 2I rows and a SiLU * mul (+ quant) launch, vLLM's form), for the SiLU models.
+PLAIN_MIN_BLOCK_M = 64
+NOT_SILU_MODELS = {"gpt-oss-20b"}  # clamped SwiGLU over interleaved rows with biases
+
+
 def moe_candidates(
-    num_tokens: int, experts: int, top_k: int, weight_dtype: torch.dtype
+    num_tokens: int, experts: int, top_k: int, weight_dtype: torch.dtype, plain: bool = False
 ) -> dict[int | str, dict[str, list[dict]]]:
     """{BLOCK_M or GEMV: {"gate_up": tiles, "down": tiles}}: what is timed for one shape at
-    ``num_tokens``."""
+    ``num_tokens``; ``plain``: the plain gate/up form too."""
     split = num_tokens <= SPLIT_K_MAX_TOKENS
     candidates = {
         block_m: {
@@ -182,7 +188,16 @@ def moe_candidates(
         for block_m in {16, 32} & set(candidates):
             for tiles in candidates[block_m].values():
                 tiles += [{**t, "SWAP_AB": True} for t in tiles]
+    if plain and weight_dtype != MXFP4:
+        for block_m in candidates.keys() - {GEMV}:
+            if block_m >= PLAIN_MIN_BLOCK_M:
+                candidates[block_m]["gate_up"] += plain_tiles(block_m, weight_dtype)
     return candidates
+
+
+def plain_tiles(block_m: int, weight_dtype: torch.dtype) -> list[dict]:
+    """The plain gate/up form's candidates: a plain GEMM's tiles."""
+    return [{**t, "PLAIN": True} for t in moe_tiles(block_m, False, weight_dtype)]
 
 
 def attention_candidates(group: int) -> list[dict]:
@@ -286,6 +301,8 @@ class MoeShape:
         return args | ({"weight_format": "mxfp4"} if self.mxfp4 else {})
 
     def gemm(self, block_m: int | str, gated: bool, tiles: dict):
+        """One GEMM's launch. The gate/up GEMM with what its form launches before the down GEMM: the
+        quantization of its output with FP8 experts, or the plain form's SiLU * mul (+ quant) launch."""
         from atom_kernels import moe, moe_align
 
         if block_m == GEMV:
@@ -307,11 +324,19 @@ class MoeShape:
                     self.split_outs[split] = torch.empty(entries * split, self.hidden,
                                                          device="cuda", dtype=torch.float32)
                 out = self.split_outs[split]
-        return lambda: moe.launch_moe_gemm(
-            a, w, None, out, weights, sorted_ids, block_expert, entries, a_row_divisor, block_m,
-            tiles, gated=gated, a_scale=a_scale, w_scale=w_scale, block_size=self.block_size,
-            mxfp4=self.mxfp4,
-        )
+        if gated and tiles.get("PLAIN"):
+            plain_tiles = {k: v for k, v in tiles.items() if k != "PLAIN"}
+            return lambda: moe.plain_gate_up(a, a_scale, w, w_scale, self.block_size, sorted_ids, block_expert,
+                                             entries, self.top_k, block_m, plain_tiles, BF16)
+
+        def run():
+            moe.launch_moe_gemm(a, w, None, out, weights, sorted_ids, block_expert, entries, a_row_divisor,
+                                block_m, tiles, gated=gated, a_scale=a_scale, w_scale=w_scale,
+                                block_size=self.block_size, mxfp4=self.mxfp4)
+            if gated and self.block_size:
+                moe.quantize_activations(out, self.block_size, "triton")
+
+        return run
 
 
     def whole_op_us(self, config: dict) -> float:
@@ -458,12 +483,15 @@ def compile_jobs(ops: list[str]) -> list[tuple]:
         if op not in MOE_OPS:
             continue
         models, _, weight_dtype = MOE_OPS[op]
-        for dims in models.values():
+        for model, dims in models.items():
             for block_m in (16, 32, 64, 128):
                 for gated in (True, False):
                     tiles = moe_tiles(block_m, gated, weight_dtype)
                     if block_m == 16:
                         tiles += moe_split_tiles(gated, weight_dtype)
+                    if (gated and block_m >= PLAIN_MIN_BLOCK_M and model not in NOT_SILU_MODELS
+                            and weight_dtype != MXFP4):
+                        tiles += plain_tiles(block_m, weight_dtype)
                     jobs += [("moe", dims, weight_dtype, block_m, gated, t) for t in tiles]
                     if block_m == 16 and weight_dtype == MXFP4:
                         jobs += [("moe", dims, weight_dtype, GEMV, gated, t) for t in moe_gemv_tiles()]
@@ -532,7 +560,8 @@ def tune_moe(report: dict, op: str) -> dict:
         for num_tokens in token_counts:
             shape = MoeShape(dims, num_tokens, weight_dtype)
             best = {}  # the tiled path's best (key "tiled") and the matrix-vector path's
-            for block_m, gemm_tiles in moe_candidates(num_tokens, experts, top_k, weight_dtype).items():
+            plain = model not in NOT_SILU_MODELS
+            for block_m, gemm_tiles in moe_candidates(num_tokens, experts, top_k, weight_dtype, plain).items():
                 picks = {}
                 for name, gated in (("gate_up", True), ("down", False)):
                     timed = [
@@ -773,7 +802,7 @@ def print_plan(ops: list[str]) -> None:
         for model, (experts, top_k, hidden, inter) in models.items():
             timings = {}
             for n in token_counts:
-                candidates = moe_candidates(n, experts, top_k, weight_dtype)
+                candidates = moe_candidates(n, experts, top_k, weight_dtype, model not in NOT_SILU_MODELS)
                 timings[n] = sum(len(t) for gemms in candidates.values() for t in gemms.values())
             print(
                 f"{op} {model} [{moe_shape_key(experts, hidden, inter, top_k, weight_dtype)}]: "

@@ -613,6 +613,45 @@ def test_swapped_tiles_compute_what_the_unswapped_do(weight_format, split_k):
                       weight_format="mxfp4")
 
 
+@pytest.mark.parametrize("weight_format", ["bf16", "fp8-channel", "fp8-block32"])
+def test_plain_gate_up_computes_what_the_gated_does(weight_format):
+    """PLAIN gate/up tiles (one GEMM over the 2I stacked rows, then SiLU * mul, quantized for the down
+    GEMM with FP8 experts: plain_gate_up) match the gated kernel up to the bf16 rounding of gate and up
+    before the activation; they refuse what the activation launch does not do."""
+    from atom_kernels.moe import run_fused_moe, servable_config
+
+    num_tokens, hidden, inter, num_experts, top_k = 7, 128, 96, 4, 2
+    dtype = torch.bfloat16
+    x = rand(num_tokens, hidden, dtype=dtype)
+    weights, ids = routing(num_tokens, num_experts, top_k)
+    options = {}
+    if weight_format == "bf16":
+        w13 = rand(num_experts, 2 * inter, hidden, dtype=dtype, scale=hidden**-0.5)
+        w2 = rand(num_experts, hidden, inter, dtype=dtype, scale=inter**-0.5)
+    else:
+        block_size = 32 if weight_format == "fp8-block32" else 0
+        w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
+        options.update(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size)
+
+    def config(plain: bool, **extra) -> dict:
+        tiles = {"BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+        return {"BLOCK_M": 16, "gate_up": {**tiles, "PLAIN": plain, **extra}, "down": tiles}
+
+    plain = run_fused_moe(x, w13, w2, weights, ids, config(True), **options)
+    assert plain.dtype == dtype
+    assert_close(plain, run_fused_moe(x, w13, w2, weights, ids, config(False), **options), dtype, "accumulated")
+    for unsupported in ({"act": 3}, {"interleaved": True}, {"w13_bias": rand(num_experts, 2 * inter, dtype=dtype)}):
+        with pytest.raises(ValueError, match="PLAIN gate/up tiles are for SiLU"):
+            run_fused_moe(x, w13, w2, weights, ids, config(True), **options, **unsupported)
+    with pytest.raises(ValueError, match="PLAIN gate/up tiles take no SPLIT_K"):
+        run_fused_moe(x, w13, w2, weights, ids, config(True, SPLIT_K=2), **options)
+    # A table's PLAIN entry reaches a layer it does not suit (same shape key) in the gated form.
+    assert servable_config(config(True), True) == config(True)
+    served = servable_config(config(True), False)
+    assert served["gate_up"] == {k: v for k, v in config(True)["gate_up"].items() if k != "PLAIN"}
+    assert served["down"] == config(True)["down"]
+
+
 @triton.jit
 def _decode_e2m1_kernel(codes_ptr, out_ptr):
     i = tl.arange(0, 16)

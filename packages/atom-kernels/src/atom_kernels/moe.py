@@ -34,6 +34,8 @@ from atom_kernels.activation import (
     apply_gated_activation,
     clamped_swiglu_torch,
     gelu_and_mul_torch,
+    silu_and_mul,
+    silu_and_mul_quant_fp8,
     silu_and_mul_torch,
 )
 from atom_kernels.moe_align import moe_align_block_size_triton, warm_up_moe_align
@@ -896,7 +898,9 @@ def fused_moe_triton(
                           swiglu_limit=swiglu_limit, w13_scale=w13_scale, w2_scale=w2_scale,
                           block_size=block_size, weight_format=weight_format,
                           input_format=input_format, x_dtype=x.dtype)
-    config = moe_config(key, num_tokens, num_experts, top_k, x)
+    plain_ok = plain_gate_up_supported(gemm_options["act"], interleaved, w13_bias is not None,
+                                       weight_format == "mxfp4", inter, block_size)
+    config = servable_config(moe_config(key, num_tokens, num_experts, top_k, x), plain_ok)
     return run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, **gemm_options)
 
 
@@ -942,7 +946,10 @@ def warm_up_fused_moe(
     x = torch.zeros((1, hidden), dtype=x_dtype or w13.dtype, device=w13.device)
     topk_ids = (torch.arange(top_k, device=w13.device) % num_experts).to(torch.int32)[None, :]
     topk_weights = torch.full((1, top_k), 1.0 / top_k, dtype=torch.float32, device=w13.device)
-    configs = all_tuned_configs("fused_moe", key, w13.device) or default_moe_configs()
+    plain_ok = plain_gate_up_supported(ACTIVATIONS[activation], interleaved, w13_bias is not None,
+                                       weight_format == "mxfp4", two_i // 2, block_size)
+    configs = [servable_config(config, plain_ok)
+               for config in all_tuned_configs("fused_moe", key, w13.device) or default_moe_configs()]
     for config in configs:
         run_fused_moe(x, w13, w2, topk_weights, topk_ids, config, act=ACTIVATIONS[activation],
                       interleaved=interleaved, alpha=swiglu_alpha, limit=swiglu_limit,
@@ -973,7 +980,8 @@ def run_fused_moe(
     input_format: str = "auto",
 ) -> torch.Tensor:
     """The Triton fused MoE with a given tile config (:func:`moe_config`'s form, or with ``"GEMV"``
-    for MXFP4 experts: :mod:`atom_kernels.moe_gemv`); no checks."""
+    for MXFP4 experts: :mod:`atom_kernels.moe_gemv`; gate/up tiles with ``"PLAIN": True`` run
+    :func:`plain_gate_up`); no checks."""
     mxfp4 = weight_format == "mxfp4"
     round_inputs = mxfp4_quant_dequant_triton if input_format == "mxfp4" else None
     if round_inputs is not None:
@@ -993,36 +1001,43 @@ def run_fused_moe(
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
     fp8 = w13_scale is not None and not mxfp4
     a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
-    hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
-    expert_ids = topk_ids.reshape(-1)
-    launch_moe_gemm(
-        a,
-        w13,
-        w13_bias,
-        hidden_states,
-        None,
-        sorted_ids,
-        block_expert,
-        num_entries,
-        top_k,
-        block_m,
-        config["gate_up"],
-        gated=True,
-        act=act,
-        interleaved=interleaved,
-        alpha=alpha,
-        limit=limit,
-        a_scale=a_scale,
-        w_scale=w13_scale,
-        block_size=block_size,
-        mxfp4=mxfp4,
-        expert_ids=expert_ids,
-    )
-    if round_inputs is not None:
-        hidden_states = round_inputs(hidden_states)
-    a, a_scale = (
-        quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
-    )
+    gate_up_tiles = dict(config["gate_up"])
+    if gate_up_tiles.pop("PLAIN", False):
+        if not plain_gate_up_supported(act, interleaved, w13_bias is not None, mxfp4, inter, block_size):
+            raise ValueError("run_fused_moe: PLAIN gate/up tiles are for SiLU over stacked [gate | up] rows "
+                             "without biases, bf16 or FP8 experts (I a multiple of the FP8 block)")
+        a, a_scale = plain_gate_up(a, a_scale, w13, w13_scale, block_size, sorted_ids, block_expert,
+                                    num_entries, top_k, block_m, gate_up_tiles, x.dtype)
+    else:
+        hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
+        launch_moe_gemm(
+            a,
+            w13,
+            w13_bias,
+            hidden_states,
+            None,
+            sorted_ids,
+            block_expert,
+            num_entries,
+            top_k,
+            block_m,
+            gate_up_tiles,
+            gated=True,
+            act=act,
+            interleaved=interleaved,
+            alpha=alpha,
+            limit=limit,
+            a_scale=a_scale,
+            w_scale=w13_scale,
+            block_size=block_size,
+            mxfp4=mxfp4,
+            expert_ids=topk_ids.reshape(-1),
+        )
+        if round_inputs is not None:
+            hidden_states = round_inputs(hidden_states)
+        a, a_scale = (
+            quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
+        )
     down_split = config["down"].get("SPLIT_K", 1)
     expert_out = torch.empty((num_entries * down_split, hidden),
                              dtype=torch.float32 if down_split > 1 else x.dtype, device=x.device)
@@ -1044,3 +1059,35 @@ def run_fused_moe(
         mxfp4=mxfp4,
     )
     return sum_expert_rows(expert_out, num_tokens, top_k * down_split, x.dtype)
+
+
+def plain_gate_up_supported(act: int, interleaved: bool, has_bias: bool, mxfp4: bool, inter: int,
+                            block_size: int) -> bool:
+    """What :func:`plain_gate_up`'s activation launch computes: SiLU over stacked [gate | up] rows
+    without biases, of bf16 or FP8 experts whose I fills whole FP8 blocks."""
+    return act == ACT_SILU and not interleaved and not has_bias and not mxfp4 and inter % max(block_size, 1) == 0
+
+
+def servable_config(config: dict, plain_ok: bool) -> dict:
+    """``config`` with its gate/up tiles in the gated form where ``plain_ok`` is False: a table entry
+    is keyed by the layer's shape alone, so a PLAIN one tuned for a SiLU model is served gated to a
+    layer with another activation, interleaved rows or biases, rather than refused."""
+    if plain_ok or not config.get("gate_up", {}).get("PLAIN"):
+        return config
+    return {**config, "gate_up": {k: v for k, v in config["gate_up"].items() if k != "PLAIN"}}
+
+
+def plain_gate_up(a, a_scale, w13, w13_scale, block_size, sorted_ids, block_expert, num_entries, top_k, block_m,
+                   tiles, out_dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gate/up GEMM of a ``PLAIN`` tile config: one GEMM over w13's 2I stacked rows into [entries,
+    2I], then SiLU * mul in a launch of its own that also quantizes for the down GEMM with FP8 experts
+    (vLLM's form; the gated kernel instead holds a gate and an up accumulator a program and applies the
+    activation in its epilogue). Returns the down GEMM's input and its scales (None for bf16)."""
+    if tiles.get("SPLIT_K", 1) > 1:
+        raise ValueError("run_fused_moe: PLAIN gate/up tiles take no SPLIT_K")
+    gate_up = torch.empty((num_entries, w13.shape[1]), dtype=out_dtype, device=a.device)
+    launch_moe_gemm(a, w13, None, gate_up, None, sorted_ids, block_expert, num_entries, top_k, block_m, tiles,
+                    a_scale=a_scale, w_scale=w13_scale, block_size=block_size)
+    if w13_scale is None:
+        return silu_and_mul.impl("triton")(gate_up), None
+    return silu_and_mul_quant_fp8.impl("triton")(gate_up, block_size or None)
