@@ -577,6 +577,16 @@ def test_split_k_sums_what_one_program_computes(weight_format, split_k):
     assert_close(split, unsplit, dtype, "accumulated")
 
 
+def bf16_or_fp8_experts(weight_format: str, num_experts: int, hidden: int, inter: int):
+    """(w13, w2, fused_moe's scale arguments) of bf16, per-channel FP8 or 32-block FP8 experts."""
+    if weight_format == "bf16":
+        return (rand(num_experts, 2 * inter, hidden, dtype=torch.bfloat16, scale=hidden**-0.5),
+                rand(num_experts, hidden, inter, dtype=torch.bfloat16, scale=inter**-0.5), {})
+    block_size = 32 if weight_format == "fp8-block32" else 0
+    w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
+    return w13, w2, {"w13_scale": w13_scale, "w2_scale": w2_scale, "block_size": block_size}
+
+
 @pytest.mark.parametrize("weight_format", ["bf16", "fp8-channel", "fp8-block32"])
 @pytest.mark.parametrize("split_k", [1, 2])
 def test_swapped_tiles_compute_what_the_unswapped_do(weight_format, split_k):
@@ -591,13 +601,8 @@ def test_swapped_tiles_compute_what_the_unswapped_do(weight_format, split_k):
     weights, ids = routing(num_tokens, num_experts, top_k)
     options = {"act": 3, "interleaved": True, "alpha": 1.702, "limit": 1.0,
                "w13_bias": rand(num_experts, 2 * inter, dtype=dtype), "w2_bias": rand(num_experts, hidden, dtype=dtype)}
-    if weight_format == "bf16":
-        w13 = rand(num_experts, 2 * inter, hidden, dtype=dtype, scale=hidden**-0.5)
-        w2 = rand(num_experts, hidden, inter, dtype=dtype, scale=inter**-0.5)
-    else:
-        block_size = 32 if weight_format == "fp8-block32" else 0
-        w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
-        options.update(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size)
+    w13, w2, scales = bf16_or_fp8_experts(weight_format, num_experts, hidden, inter)
+    options.update(scales)
 
     def config(swap: bool) -> dict:
         tiles = {"BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "SPLIT_K": split_k,
@@ -625,13 +630,8 @@ def test_plain_gate_up_computes_what_the_gated_does(weight_format):
     x = rand(num_tokens, hidden, dtype=dtype)
     weights, ids = routing(num_tokens, num_experts, top_k)
     options = {}
-    if weight_format == "bf16":
-        w13 = rand(num_experts, 2 * inter, hidden, dtype=dtype, scale=hidden**-0.5)
-        w2 = rand(num_experts, hidden, inter, dtype=dtype, scale=inter**-0.5)
-    else:
-        block_size = 32 if weight_format == "fp8-block32" else 0
-        w13, w13_scale, _, w2, w2_scale, _ = fp8_experts(num_experts, hidden, inter, block_size)
-        options.update(w13_scale=w13_scale, w2_scale=w2_scale, block_size=block_size)
+    w13, w2, scales = bf16_or_fp8_experts(weight_format, num_experts, hidden, inter)
+    options.update(scales)
 
     def config(plain: bool, **extra) -> dict:
         tiles = {"BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
