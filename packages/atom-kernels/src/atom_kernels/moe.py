@@ -1010,54 +1010,19 @@ def run_fused_moe(
                                     num_entries, top_k, block_m, gate_up_tiles, x.dtype)
     else:
         hidden_states = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
-        launch_moe_gemm(
-            a,
-            w13,
-            w13_bias,
-            hidden_states,
-            None,
-            sorted_ids,
-            block_expert,
-            num_entries,
-            top_k,
-            block_m,
-            gate_up_tiles,
-            gated=True,
-            act=act,
-            interleaved=interleaved,
-            alpha=alpha,
-            limit=limit,
-            a_scale=a_scale,
-            w_scale=w13_scale,
-            block_size=block_size,
-            mxfp4=mxfp4,
-            expert_ids=topk_ids.reshape(-1),
-        )
+        launch_moe_gemm(a, w13, w13_bias, hidden_states, None, sorted_ids, block_expert, num_entries, top_k, block_m,
+                        gate_up_tiles, gated=True, act=act, interleaved=interleaved, alpha=alpha, limit=limit,
+                        a_scale=a_scale, w_scale=w13_scale, block_size=block_size, mxfp4=mxfp4,
+                        expert_ids=topk_ids.reshape(-1))
         if round_inputs is not None:
             hidden_states = round_inputs(hidden_states)
-        a, a_scale = (
-            quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
-        )
+        a, a_scale = quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
     down_split = config["down"].get("SPLIT_K", 1)
     expert_out = torch.empty((num_entries * down_split, hidden),
                              dtype=torch.float32 if down_split > 1 else x.dtype, device=x.device)
-    launch_moe_gemm(
-        a,
-        w2,
-        w2_bias,
-        expert_out,
-        topk_weights.reshape(-1).contiguous(),
-        sorted_ids,
-        block_expert,
-        num_entries,
-        1,
-        block_m,
-        config["down"],
-        a_scale=a_scale,
-        w_scale=w2_scale,
-        block_size=block_size,
-        mxfp4=mxfp4,
-    )
+    launch_moe_gemm(a, w2, w2_bias, expert_out, topk_weights.reshape(-1).contiguous(), sorted_ids, block_expert,
+                    num_entries, 1, block_m, config["down"], a_scale=a_scale, w_scale=w2_scale, block_size=block_size,
+                    mxfp4=mxfp4)
     return sum_expert_rows(expert_out, num_tokens, top_k * down_split, x.dtype)
 
 
