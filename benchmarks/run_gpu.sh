@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-swap-ab fp8-moe-prefill mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-swap-ab mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only;
@@ -266,8 +266,6 @@ for step in $steps; do
     # The block-FP8 GEMM with swapped operands / TMA weight loads at 1-64 rows (kernel only, 1536 timings:
     # about 5 min on an H200).
     fp8-swap-ab) python3 "$here/kernels/experiments/fp8_swap_ab.py" "$out/fp8-swap-ab.json" ;;
-    # The block-FP8 fused MoE at 8192-16384 tokens taken apart against vLLM's (kernel only; not run yet).
-    fp8-moe-prefill) python3 "$here/kernels/experiments/fp8_moe_prefill.py" "$out/fp8-moe-prefill.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
