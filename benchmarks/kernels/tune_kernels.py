@@ -325,9 +325,9 @@ class MoeShape:
                                                          device="cuda", dtype=torch.float32)
                 out = self.split_outs[split]
         if gated and tiles.get("PLAIN"):
-            plain_tiles = {k: v for k, v in tiles.items() if k != "PLAIN"}
+            gemm_tiles = {k: v for k, v in tiles.items() if k != "PLAIN"}
             return lambda: moe.plain_gate_up(a, a_scale, w, w_scale, self.block_size, sorted_ids, block_expert,
-                                             entries, self.top_k, block_m, plain_tiles, BF16)
+                                             entries, self.top_k, block_m, gemm_tiles, BF16)
 
         def run():
             moe.launch_moe_gemm(a, w, None, out, weights, sorted_ids, block_expert, entries, a_row_divisor,
