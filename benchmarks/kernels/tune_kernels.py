@@ -8,10 +8,11 @@
   Qwen3-Next-80B-A3B) and ``moe_fp8`` (block-FP8 experts of Qwen3-30B-A3B-FP8 and DeepSeek-V3 at TP 1:
   fp8 weights with an fp32 scale per 128 x 128 block, bf16 activations quantized per token and 128
   channels): per token count, every row-block size BLOCK_M and, for each of the two GEMMs (gate_up with
-  the activation, down), every tile candidate (split-K ones too up to SPLIT_K_MAX_TOKENS); the BLOCK_M
-  whose two best GEMMs sum lowest wins. ``moe_mxfp4``: the MXFP4 experts of gpt-oss-20b and
-  gpt-oss-120b (uint8 weights, two e2m1 values a byte, an e8m0 scale per 32 values); up to
-  GEMV_MAX_TOKENS also the matrix-vector path, and the whole op's time decides between the two.
+  the activation, down), every tile candidate (split-K ones too up to SPLIT_K_MAX_TOKENS), from 64-row
+  blocks the best tile again at other GROUP_M; the BLOCK_M whose two best GEMMs sum lowest wins.
+  ``moe_mxfp4``: the MXFP4 experts of gpt-oss-20b and gpt-oss-120b (uint8 weights, two e2m1 values a
+  byte, an e8m0 scale per 32 values); up to GEMV_MAX_TOKENS also the matrix-vector path, and the whole
+  op's time decides between the two.
 * attention (Qwen3-8B and Qwen3-30B-A3B heads): prefill (varlen, 16 x 1024 tokens) and extend
   (paged: 4 chunked-prefill extends of 512 new tokens over 2048 cached), every
   candidate of HEADS, BLOCK_M, BLOCK_N, warps, stages. Only the prefill picks go into the table;
@@ -89,7 +90,7 @@ PREFILL = [1024] * 16
 EXTEND = (4, 512, 2048)  # extends, new tokens per extend, context
 
 
-# --- candidates -----------------------------------------------------------------------------------
+# --- candidates ---
 
 
 def moe_block_ms(num_tokens: int, experts: int, top_k: int) -> list[int]:
@@ -111,19 +112,10 @@ def moe_tiles(block_m: int, gated: bool, weight_dtype: torch.dtype) -> list[dict
         a_bytes, w_bytes = (1, 1) if fp8 else (2, 0.5 if weight_dtype == MXFP4 else 2)
         if stages * (block_m * k * a_bytes + operands * k * n * w_bytes) > SMEM_BYTES:
             continue
-        if (
-            block_m * n * operands > 4096 * warps
-        ):  # fp32 accumulators past ~128 registers a thread
+        if block_m * n * operands > 4096 * warps:  # fp32 accumulators past ~128 registers a thread
             continue
-        tiles.append(
-            {
-                "BLOCK_N": n,
-                "BLOCK_K": k,
-                "GROUP_M": 1 if block_m <= 32 else 8,
-                "num_warps": warps,
-                "num_stages": stages,
-            }
-        )
+        tiles.append({"BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 1 if block_m <= 32 else 8, "num_warps": warps,
+                      "num_stages": stages})
     return tiles
 
 
@@ -166,6 +158,12 @@ def moe_gemv_tiles() -> list[dict]:
 # one GEMM over the 2I rows and a SiLU * mul (+ quant) launch, vLLM's form), for the SiLU models.
 PLAIN_MIN_BLOCK_M = 64
 NOT_SILU_MODELS = {"gpt-oss-20b"}  # clamped SwiGLU over interleaved rows with biases
+
+
+# From 64-row blocks each GEMM's best tile is timed again at these GROUP_M (row blocks sharing a weight
+# column block in L2): moe_tiles offers 8, vLLM's block-FP8 default is 32.
+GROUP_M_MIN_BLOCK_M = 64
+GROUP_M_RETRIES = (4, 16, 32)
 
 
 def moe_candidates(
@@ -219,7 +217,7 @@ def attention_candidates(group: int) -> list[dict]:
     return out
 
 
-# --- inputs ---------------------------------------------------------------------------------------
+# --- inputs ---
 
 
 def rand(*shape, scale=1.0, dtype=BF16):
@@ -290,8 +288,8 @@ class MoeShape:
             from atom_kernels.moe import quantize_activations
 
             # (fp8 input, scales) of each GEMM, as run_fused_moe quantizes them.
-            self.gate_up_input = quantize_activations(self.x, FP8_BLOCK, "triton")
-            self.down_input = quantize_activations(rand(entries, i), FP8_BLOCK, "triton")
+            self.gate_up_input = quantize_activations(self.x, FP8_BLOCK, "triton", row_major_scales=True)
+            self.down_input = quantize_activations(rand(entries, i), FP8_BLOCK, "triton", row_major_scales=True)
         else:
             self.gate_up_input, self.down_input = (self.x, None), (self.hidden_states, None)
 
@@ -334,7 +332,7 @@ class MoeShape:
                                 block_m, tiles, gated=gated, a_scale=a_scale, w_scale=w_scale,
                                 block_size=self.block_size, mxfp4=self.mxfp4)
             if gated and self.block_size:
-                moe.quantize_activations(out, self.block_size, "triton")
+                moe.quantize_activations(out, self.block_size, "triton", row_major_scales=True)
 
         return run
 
@@ -431,7 +429,7 @@ def cu(lengths: list[int]) -> torch.Tensor:
     )
 
 
-# --- timing ---------------------------------------------------------------------------------------
+# --- timing ---
 
 
 def graph_us(fn, target_us: float = 2000.0, reps: int = 5) -> float:
@@ -474,7 +472,7 @@ def try_us(fn) -> float | None:
         return None
 
 
-# --- precompile in parallel -----------------------------------------------------------------------
+# --- precompile in parallel ---
 
 
 def compile_jobs(ops: list[str]) -> list[tuple]:
@@ -545,7 +543,7 @@ def precompile(ops: list[str], jobs: int) -> None:
     )
 
 
-# --- tuning ---------------------------------------------------------------------------------------
+# --- tuning ---
 
 
 def tune_moe(report: dict, op: str) -> dict:
@@ -569,7 +567,7 @@ def tune_moe(report: dict, op: str) -> dict:
                         for t in gemm_tiles[name]
                         if (us := try_us(shape.gemm(block_m, gated, t))) is not None
                     ]
-                    picks[name] = min(timed, key=lambda p: p[0])
+                    picks[name] = regrouped(shape, block_m, gated, min(timed, key=lambda p: p[0]))
                 total = picks["gate_up"][0] + picks["down"][0]
                 path = GEMV if block_m == GEMV else "tiled"
                 if path not in best or total < best[path][0]:
@@ -606,6 +604,18 @@ def tune_moe(report: dict, op: str) -> dict:
             )
             del shape
     return table
+
+
+def regrouped(shape: MoeShape, block_m: int | str, gated: bool, best: tuple[float, dict]) -> tuple[float, dict]:
+    """``best`` (us, tiles) of one GEMM, or its tiles at another GROUP_M_RETRIES value that ran faster
+    (compiled here: three kernels, not three per candidate in :func:`precompile`)."""
+    if block_m == GEMV or block_m < GROUP_M_MIN_BLOCK_M:
+        return best
+    for group_m in GROUP_M_RETRIES:
+        tiles = {**best[1], "GROUP_M": group_m}
+        if (us := try_us(shape.gemm(block_m, gated, tiles))) is not None and us < best[0]:
+            best = (us, tiles)
+    return best
 
 
 def tune_attention(report: dict) -> dict:
@@ -804,9 +814,12 @@ def print_plan(ops: list[str]) -> None:
             for n in token_counts:
                 candidates = moe_candidates(n, experts, top_k, weight_dtype, model not in NOT_SILU_MODELS)
                 timings[n] = sum(len(t) for gemms in candidates.values() for t in gemms.values())
+            regroupings = sum(2 * len(GROUP_M_RETRIES) for n in token_counts
+                              for m in moe_block_ms(n, experts, top_k) if m >= GROUP_M_MIN_BLOCK_M)
             print(
                 f"{op} {model} [{moe_shape_key(experts, hidden, inter, top_k, weight_dtype)}]: "
-                f"{sum(timings.values())} timings; by token count {timings}"
+                f"{sum(timings.values())} timings; by token count {timings}; "
+                f"{regroupings} GROUP_M retries of the best tiles"
             )
     if "attention" in ops:
         for model, (heads, kv, _) in ATTENTION_MODELS.items():

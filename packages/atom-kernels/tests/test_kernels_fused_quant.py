@@ -134,6 +134,24 @@ def test_dynamic_quantizers_store_scales_group_major(backend, op, args):
     assert scale.stride() == (1, scale.shape[0])
 
 
+def test_row_major_scales_for_the_fused_moe_hold_the_same_values():
+    """The quantizers the fused MoE runs (atom_kernels.moe.run_fused_moe) store their scales row-major,
+    and quantize bit for bit as the group-major ops do."""
+    from atom_kernels.activation import ACT_SILU, launch_gated_activation
+    from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8_row_major
+
+    x = with_zero_row_and_outliers(rand(7, 2 * 384, dtype=torch.bfloat16, scale=3.0))
+    pairs = [
+        (per_group_quant_fp8_row_major(x, 128), impl("per_group_quant_fp8", "triton")(x, 128)),
+        (launch_gated_activation(x, ACT_SILU, fp8=FP8_DTYPE, group_size=128, row_major_scales=True),
+         impl("silu_and_mul_quant_fp8", "triton")(x, 128)),
+    ]
+    for (q, scale), (q_ref, scale_ref) in pairs:
+        assert scale.stride() == (scale.shape[1], 1)
+        assert torch.equal(scale, scale_ref)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
 @pytest.mark.parametrize("op, args", DYNAMIC_QUANTIZERS, ids=[op for op, _ in DYNAMIC_QUANTIZERS])
 def test_opaque_op_fake_matches_the_kernel(op, args):
     """The torch.ops.atom.* wrapper's fake impl (what torch.compile traces) gives the shapes, dtypes

@@ -115,7 +115,7 @@ def apply_gated_activation(gate, up, ACT: tl.constexpr, alpha, limit):
     return out
 
 
-@triton.jit(do_not_specialize=["num_rows"])
+@triton.jit(do_not_specialize=["num_rows", "scale_stride_group"])
 def _gated_activation_kernel(
     x_ptr,
     out_ptr,
@@ -123,6 +123,8 @@ def _gated_activation_kernel(
     num_rows,
     d,
     x_row_stride,
+    scale_stride_row,
+    scale_stride_group,
     alpha,
     limit,
     num_groups,
@@ -134,7 +136,7 @@ def _gated_activation_kernel(
     BLOCK: tl.constexpr,
 ):
     # With QUANT_GROUP > 0 (a divisor of BLOCK) out_ptr takes fp8 codes and scale_ptr
-    # [num_rows, num_groups] their scales, group-major (atom_kernels.quant.new_scales).
+    # [num_rows, num_groups] their scales (group-major, atom_kernels.quant.new_scales, or row-major).
     # fp32 whoever launches: Inductor passes Python floats as fp64 (ATOM_INDUCTOR_OPS).
     alpha, limit = tl.cast(alpha, tl.float32), tl.cast(limit, tl.float32)
     row = tl.program_id(0).to(tl.int64)
@@ -155,7 +157,7 @@ def _gated_activation_kernel(
         out = tl.reshape(q, (BLOCK,))
         groups = tl.program_id(1) * (BLOCK // QUANT_GROUP) + tl.arange(0, BLOCK // QUANT_GROUP)
         tl.store(
-            scale_ptr + groups * num_rows + row,
+            scale_ptr + groups * scale_stride_group + row * scale_stride_row,
             tl.reshape(scale, (BLOCK // QUANT_GROUP,)),
             mask=groups < num_groups,
         )
@@ -170,8 +172,10 @@ def launch_gated_activation(
     interleaved: bool = False,
     fp8: torch.dtype | None = None,
     group_size: int | None = None,
+    row_major_scales: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """act(gate) * up; with ``fp8``, as (fp8 codes, scales) per ``group_size`` group or per token."""
+    """act(gate) * up; with ``fp8``, as (fp8 codes, scales) per ``group_size`` group or per token (the
+    scales group-major, or row-major with ``row_major_scales``: atom_kernels.quant)."""
     if x.shape[-1] % 2:
         raise ValueError(f"gated activation: last dim {x.shape[-1]} is not even")
     check_last_dim_contiguous("gated activation input", x)
@@ -193,7 +197,8 @@ def launch_gated_activation(
             num_groups = 1
         else:
             block, quant_group, num_groups = max(block, group_size), group_size, d // group_size
-        scale = new_scales(rows.shape[0], num_groups, x.device)
+        scale = (torch.empty((rows.shape[0], num_groups), dtype=torch.float32, device=x.device)
+                 if row_major_scales else new_scales(rows.shape[0], num_groups, x.device))
     if out.numel() == 0:
         return out if fp8 is None else (out, scale)
     num_warps = max(1, min(8, block * x.element_size() // (32 * 16)))
@@ -205,6 +210,8 @@ def launch_gated_activation(
         rows.shape[0],
         d,
         rows.stride(0),
+        scale.stride(0) if scale is not None else 0,
+        scale.stride(1) if scale is not None else 0,
         alpha,
         limit,
         num_groups,

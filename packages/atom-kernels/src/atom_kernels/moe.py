@@ -34,8 +34,8 @@ from atom_kernels.activation import (
     apply_gated_activation,
     clamped_swiglu_torch,
     gelu_and_mul_torch,
+    launch_gated_activation,
     silu_and_mul,
-    silu_and_mul_quant_fp8,
     silu_and_mul_torch,
 )
 from atom_kernels.moe_align import moe_align_block_size_triton, warm_up_moe_align
@@ -53,7 +53,7 @@ from atom_kernels.mxfp4 import (
     mxfp4_quant_dequant_torch,
     mxfp4_quant_dequant_triton,
 )
-from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_token_quant_fp8
+from atom_kernels.quant import FP8_DTYPE, per_group_quant_fp8, per_group_quant_fp8_row_major, per_token_quant_fp8
 from atom_kernels.registry import define_op
 from atom_kernels.triton_utils import cdiv, check_last_dim_contiguous, dot_precision, interpreting
 from atom_kernels.tuned import all_tuned_configs, tuned_config
@@ -220,18 +220,21 @@ def _check_mxfp4_args(
 
 
 def quantize_activations(
-    a: torch.Tensor, block_size: int, backend: str
+    a: torch.Tensor, block_size: int, backend: str, row_major_scales: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 ``(q, scale)`` of a W8A8 GEMM's input [M, K], by ``backend``'s quant op: per token and
     group of ``block_size`` channels (scale [M, ceil(K / block_size)]; a last, partial group on its
-    own), or per token (scale [M, 1]) with ``block_size`` 0."""
+    own), or per token (scale [M, 1]) with ``block_size`` 0. ``row_major_scales``: per group by the
+    Triton kernel, the scales stored row-major, as the fused MoE's GEMMs read them best
+    (atom_kernels.quant.per_group_quant_fp8_row_major)."""
     if block_size == 0:
         return per_token_quant_fp8.impl(backend)(a)
     width = a.shape[-1]
     if width % block_size:
         # Zeros leave the partial group's amax as it is.
         a = torch.nn.functional.pad(a, (0, -width % block_size))
-    q, scale = per_group_quant_fp8.impl(backend)(a, block_size)
+    quant = per_group_quant_fp8_row_major if row_major_scales else per_group_quant_fp8.impl(backend)
+    q, scale = quant(a, block_size)
     return q[:, :width], scale
 
 
@@ -446,7 +449,8 @@ def _dense_step(acc, a, a_scale, w_cols, w_scales, ks, k0, K, EVEN_K: tl.constex
     return acc
 
 
-# a_scale_stride_k is the token count for group-major scales (atom_kernels.quant.new_scales).
+# a_scale_stride_k: 1 for the row-major scales run_fused_moe makes, the token count for group-major ones
+# (atom_kernels.quant.new_scales).
 @triton.jit(do_not_specialize=["num_entries", "split_k", "a_scale_stride_k"])
 def _moe_gemm_kernel(
     a_ptr,
@@ -1000,7 +1004,7 @@ def run_fused_moe(
     block_m = config["BLOCK_M"]
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
     fp8 = w13_scale is not None and not mxfp4
-    a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
+    a, a_scale = quantize_activations(x, block_size, "triton", row_major_scales=True) if fp8 else (x, None)
     gate_up_tiles = dict(config["gate_up"])
     if gate_up_tiles.pop("PLAIN", False):
         if not plain_gate_up_supported(act, interleaved, w13_bias is not None, mxfp4, inter, block_size):
@@ -1016,7 +1020,8 @@ def run_fused_moe(
                         expert_ids=topk_ids.reshape(-1))
         if round_inputs is not None:
             hidden_states = round_inputs(hidden_states)
-        a, a_scale = quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
+        a, a_scale = (quantize_activations(hidden_states, block_size, "triton", row_major_scales=True) if fp8
+                      else (hidden_states, None))
     down_split = config["down"].get("SPLIT_K", 1)
     expert_out = torch.empty((num_entries * down_split, hidden),
                              dtype=torch.float32 if down_split > 1 else x.dtype, device=x.device)
@@ -1055,4 +1060,5 @@ def plain_gate_up(a, a_scale, w13, w13_scale, block_size, sorted_ids, block_expe
                     a_scale=a_scale, w_scale=w13_scale, block_size=block_size)
     if w13_scale is None:
         return silu_and_mul.impl("triton")(gate_up), None
-    return silu_and_mul_quant_fp8.impl("triton")(gate_up, block_size or None)
+    return launch_gated_activation(gate_up, ACT_SILU, fp8=FP8_DTYPE, group_size=block_size or None,
+                                   row_major_scales=True)

@@ -29,9 +29,7 @@ def per_tensor_quant_fp8(
 
 
 @define_op
-def per_token_quant_fp8(
-    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
-) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_fp8(x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q fp8, scale [M, 1])``, dynamic."""
 
 
@@ -95,9 +93,7 @@ def per_tensor_quant_fp8_torch(
 
 
 @per_token_quant_fp8.register("torch")
-def per_token_quant_fp8_torch(
-    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
-) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_fp8_torch(x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
     rows = x.reshape(-1, x.shape[-1])
     scale = _scale_from_amax(rows.abs().amax(dim=-1, keepdim=True), dtype)
     return _quantize(rows, scale, dtype).view(x.shape), as_group_major(scale)
@@ -108,9 +104,7 @@ def per_group_quant_fp8_torch(
     x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] % group_size:
-        raise ValueError(
-            f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}"
-        )
+        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
     groups = x.reshape(-1, x.shape[-1] // group_size, group_size)
     scale = _scale_from_amax(groups.abs().amax(dim=-1), dtype)
     return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), as_group_major(scale)
@@ -137,22 +131,10 @@ def check_fused_quant_group(op: str, cols: int, group_size: int | None) -> None:
         raise ValueError(f"{op}: group_size {group_size} must be a power of two dividing {cols}")
 
 
-@triton.jit(do_not_specialize=["num_rows"])
-def _quant_fp8_kernel(
-    x_ptr,
-    q_ptr,
-    scale_ptr,
-    num_rows,
-    K,
-    x_stride,
-    fp8_max,
-    min_amax,
-    GROUP: tl.constexpr,
-    STATIC_SCALE: tl.constexpr,
-    MASKED_FILL: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-):
+@triton.jit(do_not_specialize=["num_rows", "scale_stride_group"])
+def _quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows, K, x_stride, scale_stride_row, scale_stride_group, fp8_max,
+                      min_amax, GROUP: tl.constexpr, STATIC_SCALE: tl.constexpr, MASKED_FILL: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
     """One program quantises BLOCK_R rows x one group of GROUP channels (GROUP = K: per token).
 
     With STATIC_SCALE the scale is read (one per tensor); otherwise computed and written.
@@ -181,8 +163,8 @@ def _quant_fp8_kernel(
         scale = tl.load(scale_ptr + tl.zeros([BLOCK_R], tl.int32))
     else:
         scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), min_amax), fp8_max)
-        # Group-major (new_scales): group g's scales are rows [g * num_rows, (g + 1) * num_rows).
-        tl.store(scale_ptr + group.to(tl.int64) * num_rows + rows, scale, mask=rows < num_rows)
+        tl.store(scale_ptr + group.to(tl.int64) * scale_stride_group + rows * scale_stride_row, scale,
+                 mask=rows < num_rows)
     q = tl.clamp(tl.div_rn(x, scale[:, None]), -fp8_max, fp8_max)
     tl.store(
         q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
@@ -203,7 +185,8 @@ def _row_amax_kernel(x_ptr, amax_ptr, num_rows, K, x_stride, BLOCK_K: tl.constex
 
 
 def _launch_quant(
-    x: torch.Tensor, group: int, dtype: torch.dtype, static_scale: torch.Tensor | None = None
+    x: torch.Tensor, group: int, dtype: torch.dtype, static_scale: torch.Tensor | None = None,
+    row_major_scales: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_last_dim_contiguous("fp8 quant input", x)
     rows = x.reshape(-1, x.shape[-1])
@@ -211,6 +194,8 @@ def _launch_quant(
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
     if static_scale is not None:
         scale = static_scale
+    elif row_major_scales:
+        scale = torch.empty((num_rows, k // group), dtype=torch.float32, device=x.device)
     else:
         scale = new_scales(num_rows, k // group, x.device)
     if q.numel() == 0:
@@ -218,22 +203,11 @@ def _launch_quant(
     block_g = next_pow2(group)
     block_r = max(1, min(32, 4096 // block_g))
     grid = (cdiv(num_rows, block_r), cdiv(k, group))
-    _quant_fp8_kernel[grid](
-        rows,
-        q,
-        scale,
-        num_rows,
-        k,
-        rows.stride(0),
-        fp8_dtype_max(dtype),
-        MIN_AMAX,
-        GROUP=group,
-        STATIC_SCALE=static_scale is not None,
-        MASKED_FILL=1.0 if block_g == group else 0.0,  # groups tile K (checked): only rows are masked
-        BLOCK_R=block_r,
-        BLOCK_G=block_g,
-        num_warps=4 if block_r * block_g <= 4096 else 8,
-    )
+    # MASKED_FILL: groups tile K (checked), only rows are masked. A static scale is never stored.
+    _quant_fp8_kernel[grid](rows, q, scale, num_rows, k, rows.stride(0), scale.stride(0), scale.stride(-1),
+                            fp8_dtype_max(dtype), MIN_AMAX, GROUP=group, STATIC_SCALE=static_scale is not None,
+                            MASKED_FILL=1.0 if block_g == group else 0.0, BLOCK_R=block_r, BLOCK_G=block_g,
+                            num_warps=4 if block_r * block_g <= 4096 else 8)
     return q, scale
 
 
@@ -255,9 +229,7 @@ def per_tensor_quant_fp8_triton(
 
 
 @per_token_quant_fp8.register("triton")
-def per_token_quant_fp8_triton(
-    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
-) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_fp8_triton(x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] > 65536:
         raise ValueError(f"per_token_quant_fp8: row length {x.shape[-1]} above the kernel's 65536")
     return _launch_quant(x, x.shape[-1], dtype)
@@ -268,7 +240,12 @@ def per_group_quant_fp8_triton(
     x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] % group_size:
-        raise ValueError(
-            f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}"
-        )
+        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
     return _launch_quant(x, group_size, dtype)
+
+
+def per_group_quant_fp8_row_major(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major scales for the fused MoE, whose K loop reads a gathered row's groups in turn (group-major
+    ones spread those reads over cache lines)."""
+    check_fused_quant_group("per_group_quant_fp8", x.shape[-1], group_size)
+    return _launch_quant(x, group_size, FP8_DTYPE, row_major_scales=True)
