@@ -213,10 +213,10 @@ def _split_k_sum_kernel(partial_ptr, out_ptr, bias_ptr, M, N, out_stride, splits
     tl.store(out_ptr + row.to(tl.int64) * out_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=col_valid)
 
 
-def _gemm_config(m: int) -> dict[str, int]:
+def _gemm_config(m: int, block_scaled: bool = True) -> dict[str, int]:
     """Tiles by M: decode-sized M streams the weights, prefill-sized M is compute bound.
     ``split_*``: how :func:`_split_k` cuts K for these tiles (fewest K steps a split, fewest K steps
-    before splitting at all, programs an SM)."""
+    before splitting at all, programs an SM: see there, four for block-scaled 16-row tiles only)."""
     if m <= 32:
         # Operands swapped: the weight tile is the MMA's M side (64 output columns), the rows its N side,
         # which Hopper's wgmma takes 16 and 32 wide where the unswapped tiles fell back to the older MMA
@@ -233,7 +233,7 @@ def _gemm_config(m: int) -> dict[str, int]:
             "num_stages": 4,
             "split_min_steps": 8,
             "split_from_steps": 32,
-            "split_programs_per_sm": 4 if m <= 16 else 2,
+            "split_programs_per_sm": 4 if m <= 16 and block_scaled else 2,
         }
     if m <= 64:
         return {
@@ -281,7 +281,9 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, fro
     two (``results/fp8-gemm-h200.json``, ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``, two
     H200s): at 16 rows four were faster (Qwen3-8B's down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 /
     47.5), at 32 rows two (28.5 / 27.0, 54.5 / 49.8); likely as a 32-row tile holds more shared memory and
-    registers, so fewer of its programs fit an SM at once (not profiled)."""
+    registers, so fewer of its programs fit an SM at once (not profiled). Per-channel scales ran the other
+    way at 16 rows in the same three runs (``atom_channel_us``; four against two 1.01x on geomean, 1.035-1.057x
+    on the layers of over 7000 K: DeepSeek-V3's o_proj 38.8 / 39.4 against 37.3 us)."""
     sms = sm_count(device)
     if tiles >= sms or k_steps < from_steps:
         return 1
@@ -321,7 +323,7 @@ def _launch_fp8_gemm(
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
-    config = {"SWAP_AB": False, **(config or _gemm_config(m))}
+    config = {"SWAP_AB": False, **(config or _gemm_config(m, block_scaled))}
     min_steps, from_steps, programs_per_sm = _split_rule(config)
     if block_scaled:
         config["BLOCK_K"] = min(config["BLOCK_K"], scale_block)
