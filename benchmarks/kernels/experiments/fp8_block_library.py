@@ -50,8 +50,8 @@ def main():
 
             def tiled():
                 bm, bn = small_tiles(m, n)
-                gemm._gemm_config = lambda mm: {**original(mm), "BLOCK_M": bm, "BLOCK_N": bn,
-                                                 "num_warps": 8 if bm * bn >= 128 * 128 else 4}
+                gemm._gemm_config = lambda mm, *rest: {**original(mm, *rest), "BLOCK_M": bm, "BLOCK_N": bn,
+                                                        "num_warps": 8 if bm * bn >= 128 * 128 else 4}
                 try:
                     return atom_kernels.fp8_block_scaled_mm(xq, wq, xs, ws, torch.bfloat16, 128)
                 finally:

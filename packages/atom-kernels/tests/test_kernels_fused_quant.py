@@ -146,6 +146,8 @@ def test_row_major_scales_for_the_fused_moe_hold_the_same_values():
         (launch_gated_activation(x, ACT_SILU, fp8=FP8_DTYPE, group_size=128, row_major_scales=True),
          impl("silu_and_mul_quant_fp8", "triton")(x, 128)),
     ]
+    x96 = rand(5, 288, dtype=torch.bfloat16)  # a block the fused MoE takes (a multiple of 32), not a power of two
+    pairs.append((per_group_quant_fp8_row_major(x96, 96), impl("per_group_quant_fp8", "triton")(x96, 96)))
     for (q, scale), (q_ref, scale_ref) in pairs:
         assert scale.stride() == (scale.shape[1], 1)
         assert torch.equal(scale, scale_ref)

@@ -174,8 +174,8 @@ def launch_gated_activation(
     group_size: int | None = None,
     row_major_scales: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """act(gate) * up; with ``fp8``, as (fp8 codes, scales) per ``group_size`` group or per token (the
-    scales group-major, or row-major with ``row_major_scales``: atom_kernels.quant)."""
+    """act(gate) * up; with ``fp8``, as (fp8 codes, scales) per ``group_size`` group or per token, the
+    scales laid out as ``atom_kernels.quant.new_scales(..., row_major_scales)``."""
     if x.shape[-1] % 2:
         raise ValueError(f"gated activation: last dim {x.shape[-1]} is not even")
     check_last_dim_contiguous("gated activation input", x)
@@ -197,8 +197,7 @@ def launch_gated_activation(
             num_groups = 1
         else:
             block, quant_group, num_groups = max(block, group_size), group_size, d // group_size
-        scale = (torch.empty((rows.shape[0], num_groups), dtype=torch.float32, device=x.device)
-                 if row_major_scales else new_scales(rows.shape[0], num_groups, x.device))
+        scale = new_scales(rows.shape[0], num_groups, x.device, row_major_scales)
     if out.numel() == 0:
         return out if fp8 is None else (out, scale)
     num_warps = max(1, min(8, block * x.element_size() // (32 * 16)))
@@ -211,7 +210,7 @@ def launch_gated_activation(
         d,
         rows.stride(0),
         scale.stride(0) if scale is not None else 0,
-        scale.stride(1) if scale is not None else 0,
+        scale.stride(-1) if scale is not None else 0,
         alpha,
         limit,
         num_groups,

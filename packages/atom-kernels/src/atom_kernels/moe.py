@@ -224,9 +224,9 @@ def quantize_activations(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 ``(q, scale)`` of a W8A8 GEMM's input [M, K], by ``backend``'s quant op: per token and
     group of ``block_size`` channels (scale [M, ceil(K / block_size)]; a last, partial group on its
-    own), or per token (scale [M, 1]) with ``block_size`` 0. ``row_major_scales``: per group by the
-    Triton kernel, the scales stored row-major, as the fused MoE's GEMMs read them best
-    (atom_kernels.quant.per_group_quant_fp8_row_major)."""
+    own), or per token (scale [M, 1]) with ``block_size`` 0. ``row_major_scales``: per group, the Triton
+    kernel whatever ``backend`` with the scales stored row-major, as the fused MoE's GEMMs read them best
+    (atom_kernels.quant.per_group_quant_fp8_row_major); per token, [M, 1] scales are both layouts."""
     if block_size == 0:
         return per_token_quant_fp8.impl(backend)(a)
     width = a.shape[-1]
@@ -450,7 +450,7 @@ def _dense_step(acc, a, a_scale, w_cols, w_scales, ks, k0, K, EVEN_K: tl.constex
 
 
 # a_scale_stride_k: 1 for the row-major scales run_fused_moe makes, the token count for group-major ones
-# (atom_kernels.quant.new_scales).
+# (atom_kernels.quant.new_scales) and per-token [M, 1] scales (never read along K there): unspecialised.
 @triton.jit(do_not_specialize=["num_entries", "split_k", "a_scale_stride_k"])
 def _moe_gemm_kernel(
     a_ptr,

@@ -3,8 +3,8 @@
 ``x ~= q.float() * scale`` with ``scale = amax / fp8_max`` over the tensor, each row, or each
 ``group_size`` channels of each row; ``q = clamp(x / scale, -fp8_max, fp8_max)`` rounded to nearest
 even. Scales are fp32: [1] per tensor, [M, 1] per token, [M, K / group_size] per group, the dynamic
-ones stored group-major (:func:`new_scales`). The fp8 type defaults to ``float8_e4m3fn`` (NVIDIA,
-MI350); MI300 uses ``float8_e4m3fnuz``.
+ones stored group-major (:func:`new_scales`; row-major by :func:`per_group_quant_fp8_row_major`, for the
+fused MoE). The fp8 type defaults to ``float8_e4m3fn`` (NVIDIA, MI350); MI300 uses ``float8_e4m3fnuz``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def per_tensor_quant_fp8(
 
 
 @define_op
-def per_token_quant_fp8(x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_fp8(
+    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q fp8, scale [M, 1])``, dynamic."""
 
 
@@ -40,12 +42,15 @@ def per_group_quant_fp8(
     """``(q fp8, scale [M, K / group_size])``, dynamic."""
 
 
-def new_scales(rows, groups, device: torch.device) -> torch.Tensor:
+def new_scales(rows, groups, device: torch.device, row_major: bool = False) -> torch.Tensor:
     """An fp32 [rows, groups] buffer stored group-major (each group's column of rows contiguous),
-    as every dynamic quantizer here returns its scales: torch's library GEMM (block-wise recipe)
+    as every dynamic quantizer op here returns its scales: torch's library GEMM (block-wise recipe)
     reads activation scales so, and took a transposing copy per call of row-major ones. The
     Triton consumers read either layout through strides. (Also the fake ops' layout: real and fake
-    strides must agree under torch.compile.)"""
+    strides must agree under torch.compile.) ``row_major``: each row's groups contiguous instead, for
+    the fused MoE (:func:`per_group_quant_fp8_row_major`)."""
+    if row_major:
+        return torch.empty((rows, groups), dtype=torch.float32, device=device)
     return torch.empty((groups, rows), dtype=torch.float32, device=device).t()
 
 
@@ -93,7 +98,9 @@ def per_tensor_quant_fp8_torch(
 
 
 @per_token_quant_fp8.register("torch")
-def per_token_quant_fp8_torch(x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_fp8_torch(
+    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
     rows = x.reshape(-1, x.shape[-1])
     scale = _scale_from_amax(rows.abs().amax(dim=-1, keepdim=True), dtype)
     return _quantize(rows, scale, dtype).view(x.shape), as_group_major(scale)
@@ -104,7 +111,9 @@ def per_group_quant_fp8_torch(
     x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] % group_size:
-        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
+        raise ValueError(
+            f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}"
+        )
     groups = x.reshape(-1, x.shape[-1] // group_size, group_size)
     scale = _scale_from_amax(groups.abs().amax(dim=-1), dtype)
     return _quantize(groups, scale.unsqueeze(-1), dtype).view(x.shape), as_group_major(scale)
@@ -132,9 +141,23 @@ def check_fused_quant_group(op: str, cols: int, group_size: int | None) -> None:
 
 
 @triton.jit(do_not_specialize=["num_rows", "scale_stride_group"])
-def _quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows, K, x_stride, scale_stride_row, scale_stride_group, fp8_max,
-                      min_amax, GROUP: tl.constexpr, STATIC_SCALE: tl.constexpr, MASKED_FILL: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+def _quant_fp8_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    num_rows,
+    K,
+    x_stride,
+    scale_stride_row,
+    scale_stride_group,
+    fp8_max,
+    min_amax,
+    GROUP: tl.constexpr,
+    STATIC_SCALE: tl.constexpr,
+    MASKED_FILL: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
     """One program quantises BLOCK_R rows x one group of GROUP channels (GROUP = K: per token).
 
     With STATIC_SCALE the scale is read (one per tensor); otherwise computed and written.
@@ -163,6 +186,7 @@ def _quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows, K, x_stride, scale_stri
         scale = tl.load(scale_ptr + tl.zeros([BLOCK_R], tl.int32))
     else:
         scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), min_amax), fp8_max)
+        # Group-major (new_scales: scale_stride_group = num_rows, scale_stride_row = 1) or row-major.
         tl.store(scale_ptr + group.to(tl.int64) * scale_stride_group + rows * scale_stride_row, scale,
                  mask=rows < num_rows)
     q = tl.clamp(tl.div_rn(x, scale[:, None]), -fp8_max, fp8_max)
@@ -194,20 +218,31 @@ def _launch_quant(
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
     if static_scale is not None:
         scale = static_scale
-    elif row_major_scales:
-        scale = torch.empty((num_rows, k // group), dtype=torch.float32, device=x.device)
     else:
-        scale = new_scales(num_rows, k // group, x.device)
+        scale = new_scales(num_rows, k // group, x.device, row_major_scales)
     if q.numel() == 0:
         return q, scale
     block_g = next_pow2(group)
     block_r = max(1, min(32, 4096 // block_g))
     grid = (cdiv(num_rows, block_r), cdiv(k, group))
-    # MASKED_FILL: groups tile K (checked), only rows are masked. A static scale is never stored.
-    _quant_fp8_kernel[grid](rows, q, scale, num_rows, k, rows.stride(0), scale.stride(0), scale.stride(-1),
-                            fp8_dtype_max(dtype), MIN_AMAX, GROUP=group, STATIC_SCALE=static_scale is not None,
-                            MASKED_FILL=1.0 if block_g == group else 0.0, BLOCK_R=block_r, BLOCK_G=block_g,
-                            num_warps=4 if block_r * block_g <= 4096 else 8)
+    _quant_fp8_kernel[grid](
+        rows,
+        q,
+        scale,
+        num_rows,
+        k,
+        rows.stride(0),
+        scale.stride(0),
+        scale.stride(-1),  # a static scale's [1]: never stored
+        fp8_dtype_max(dtype),
+        MIN_AMAX,
+        GROUP=group,
+        STATIC_SCALE=static_scale is not None,
+        MASKED_FILL=1.0 if block_g == group else 0.0,  # groups tile K (checked): only rows are masked
+        BLOCK_R=block_r,
+        BLOCK_G=block_g,
+        num_warps=4 if block_r * block_g <= 4096 else 8,
+    )
     return q, scale
 
 
@@ -229,7 +264,9 @@ def per_tensor_quant_fp8_triton(
 
 
 @per_token_quant_fp8.register("triton")
-def per_token_quant_fp8_triton(x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_fp8_triton(
+    x: torch.Tensor, *, dtype: torch.dtype = FP8_DTYPE
+) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] > 65536:
         raise ValueError(f"per_token_quant_fp8: row length {x.shape[-1]} above the kernel's 65536")
     return _launch_quant(x, x.shape[-1], dtype)
@@ -240,12 +277,15 @@ def per_group_quant_fp8_triton(
     x: torch.Tensor, group_size: int = 128, *, dtype: torch.dtype = FP8_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if x.shape[-1] % group_size:
-        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
+        raise ValueError(
+            f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}"
+        )
     return _launch_quant(x, group_size, dtype)
 
 
 def per_group_quant_fp8_row_major(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-major scales for the fused MoE, whose K loop reads a gathered row's groups in turn (group-major
-    ones spread those reads over cache lines)."""
-    check_fused_quant_group("per_group_quant_fp8", x.shape[-1], group_size)
+    """``per_group_quant_fp8``'s Triton kernel with row-major scales, for the fused MoE: its K loop reads
+    a gathered row's groups in turn, which group-major scales spread over cache lines."""
+    if x.shape[-1] % group_size:
+        raise ValueError(f"per_group_quant_fp8: last dim {x.shape[-1]} not a multiple of {group_size}")
     return _launch_quant(x, group_size, FP8_DTYPE, row_major_scales=True)
