@@ -200,7 +200,10 @@ def launch_gated_activation(
         scale = new_scales(rows.shape[0], num_groups, x.device, row_major_scales)
     if out.numel() == 0:
         return out if fp8 is None else (out, scale)
-    num_warps = max(1, min(8, block * x.element_size() // (32 * 16)))
+    # Interleaved gate / up load at stride 2, not 16 bytes at a time: 8 warps, as before 26c8d43 (clamped
+    # SwiGLU at 8192 x 2880 on an H200, benchmarks/kernels/results-h200.json: 40.96 us at a723dec, with 8;
+    # 52.06 at 50752a9, with 4). Not re-measured.
+    num_warps = 8 if interleaved else max(1, min(8, block * x.element_size() // (32 * 16)))
     grid = (rows.shape[0], cdiv(d, block))
     _gated_activation_kernel[grid](
         rows,
