@@ -49,6 +49,8 @@ def main() -> None:
         key = moe.moe_shape_key(experts, hidden, inter, top_k, tk.FP8)
         for tokens in sizes:
             config = lookup("fused_moe", device, key, tokens)
+            if config is None:
+                sys.exit(f"no packaged fused_moe table for {device} and {key}: it times the shipped tiles")
             shape = tk.MoeShape(dims, tokens, tk.FP8)
             inputs, quant = (shape.x, shape.w13, shape.w2, shape.weights, shape.ids, config), shape.quant_args()
 
