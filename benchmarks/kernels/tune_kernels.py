@@ -288,8 +288,8 @@ class MoeShape:
             from atom_kernels.moe import quantize_activations
 
             # (fp8 input, scales) of each GEMM, as run_fused_moe quantizes them.
-            self.gate_up_input = quantize_activations(self.x, FP8_BLOCK, "triton", row_major_scales=True)
-            self.down_input = quantize_activations(rand(entries, i), FP8_BLOCK, "triton", row_major_scales=True)
+            self.gate_up_input = quantize_activations(self.x, FP8_BLOCK, "triton")
+            self.down_input = quantize_activations(rand(entries, i), FP8_BLOCK, "triton")
         else:
             self.gate_up_input, self.down_input = (self.x, None), (self.hidden_states, None)
 
@@ -332,7 +332,7 @@ class MoeShape:
                                 block_m, tiles, gated=gated, a_scale=a_scale, w_scale=w_scale,
                                 block_size=self.block_size, mxfp4=self.mxfp4)
             if gated and self.block_size:
-                moe.quantize_activations(out, self.block_size, "triton", row_major_scales=True)
+                moe.quantize_activations(out, self.block_size, "triton")
 
         return run
 

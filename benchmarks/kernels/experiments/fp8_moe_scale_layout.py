@@ -24,15 +24,15 @@ import tune_kernels as tk  # noqa: E402  (benchmarks/kernels)
 from atom_kernels import moe  # noqa: E402
 from atom_kernels.tuned import lookup  # noqa: E402
 
-ROW_MAJOR = moe.quantize_activations, moe.launch_gated_activation
+ROW_MAJOR = moe.per_group_quant_fp8_row_major, moe.launch_gated_activation
 
 
 def use_layout(row_major: bool) -> None:
     quantize, activation = ROW_MAJOR
     if row_major:
-        moe.quantize_activations, moe.launch_gated_activation = quantize, activation
+        moe.per_group_quant_fp8_row_major, moe.launch_gated_activation = quantize, activation
     else:
-        moe.quantize_activations = lambda a, block, backend, row_major_scales=False: quantize(a, block, backend)
+        moe.per_group_quant_fp8_row_major = moe.per_group_quant_fp8.impl("triton")
         moe.launch_gated_activation = lambda *args, row_major_scales=False, **kw: activation(*args, **kw)
 
 

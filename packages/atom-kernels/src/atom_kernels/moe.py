@@ -220,20 +220,19 @@ def _check_mxfp4_args(
 
 
 def quantize_activations(
-    a: torch.Tensor, block_size: int, backend: str, row_major_scales: bool = False
+    a: torch.Tensor, block_size: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 ``(q, scale)`` of a W8A8 GEMM's input [M, K], by ``backend``'s quant op: per token and
     group of ``block_size`` channels (scale [M, ceil(K / block_size)]; a last, partial group on its
-    own), or per token (scale [M, 1]) with ``block_size`` 0. ``row_major_scales``: per group, the Triton
-    kernel whatever ``backend`` with the scales stored row-major, as the fused MoE's GEMMs read them best
-    (atom_kernels.quant.per_group_quant_fp8_row_major); per token, [M, 1] scales are both layouts."""
+    own), or per token (scale [M, 1]) with ``block_size`` 0. Triton's per-group scales are stored
+    row-major, as the fused MoE's GEMMs read them best (atom_kernels.quant.per_group_quant_fp8_row_major)."""
     if block_size == 0:
         return per_token_quant_fp8.impl(backend)(a)
     width = a.shape[-1]
     if width % block_size:
         # Zeros leave the partial group's amax as it is.
         a = torch.nn.functional.pad(a, (0, -width % block_size))
-    quant = per_group_quant_fp8_row_major if row_major_scales else per_group_quant_fp8.impl(backend)
+    quant = per_group_quant_fp8_row_major if backend == "triton" else per_group_quant_fp8.impl(backend)
     q, scale = quant(a, block_size)
     return q[:, :width], scale
 
@@ -1004,7 +1003,7 @@ def run_fused_moe(
     block_m = config["BLOCK_M"]
     sorted_ids, block_expert = moe_align_block_size_triton(topk_ids, num_experts, block_m)
     fp8 = w13_scale is not None and not mxfp4
-    a, a_scale = quantize_activations(x, block_size, "triton", row_major_scales=True) if fp8 else (x, None)
+    a, a_scale = quantize_activations(x, block_size, "triton") if fp8 else (x, None)
     gate_up_tiles = dict(config["gate_up"])
     if gate_up_tiles.pop("PLAIN", False):
         if not plain_gate_up_supported(act, interleaved, w13_bias is not None, mxfp4, inter, block_size):
@@ -1020,8 +1019,7 @@ def run_fused_moe(
                         expert_ids=topk_ids.reshape(-1))
         if round_inputs is not None:
             hidden_states = round_inputs(hidden_states)
-        a, a_scale = (quantize_activations(hidden_states, block_size, "triton", row_major_scales=True) if fp8
-                      else (hidden_states, None))
+        a, a_scale = quantize_activations(hidden_states, block_size, "triton") if fp8 else (hidden_states, None)
     down_split = config["down"].get("SPLIT_K", 1)
     expert_out = torch.empty((num_entries * down_split, hidden),
                              dtype=torch.float32 if down_split > 1 else x.dtype, device=x.device)
