@@ -99,7 +99,8 @@ def test_fp8_scaled_mm(backend, out_dtype, m, n, k, a_kind, b_kind):
 
 
 @library_backends
-@pytest.mark.parametrize("m, n, k", [(1, 128, 128), (20, 256, 384), (70, 320, 256), (130, 256, 512), (256, 256, 512)])
+@pytest.mark.parametrize("m, n, k", [(1, 128, 128), (20, 256, 384), (70, 320, 256), (130, 256, 512), (256, 256, 512),
+                                     (1030, 592, 512), (1024, 640, 640)])
 def test_fp8_block_scaled_mm(backend, m, n, k):
     a, _ = quantized(m, k)
     b, _ = quantized(n, k)
@@ -110,6 +111,17 @@ def test_fp8_block_scaled_mm(backend, m, n, k):
     b_full = b_scale.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:n, :k]
     expected = (a.double() * a_full.double()) @ (b.double() * b_full.double()).T
     assert_close(out, expected, torch.bfloat16, "accumulated")
+
+
+@pytest.mark.parametrize("m, n, k, takes", [
+    (64, 36864, 7168, False), (128, 2112, 7168, False), (256, 2112, 7168, True), (256, 576, 7168, False),
+    (1024, 576, 7168, True), (128, 2048, 4096, False), (96, 5120, 2048, True), (1030, 592, 512, True),
+    (4096, 600, 512, False), (1024, 640, 640, False), (1024, 640, 1536, True)])
+def test_block_library_takes_outputs_of_enough_tiles(m, n, k, takes):
+    """torch's block GEMM from 65 rows, widths of whole 16 columns, K of whole 512 columns (it misread the
+    scales of others), and at least one 128 x 128 output tile per four SMs (132 on CPU)."""
+    a, b = torch.empty(m, k, device="cpu"), torch.empty(n, k, device="cpu")
+    assert gemm._block_library_fits(a, b, torch.bfloat16) == takes
 
 
 def test_as_group_major_copies_only_what_is_laid_out_otherwise():

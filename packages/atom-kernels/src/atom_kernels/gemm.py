@@ -53,14 +53,8 @@ def _column(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
 
 
 @fp8_scaled_mm.register("torch")
-def fp8_scaled_mm_torch(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
+def fp8_scaled_mm_torch(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                        out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None) -> torch.Tensor:
     out = (a.float() @ b.float().t()) * _column(a_scale, a.shape[0], "a_scale")
     out = out * _column(b_scale, b.shape[0], "b_scale").t()
     if bias is not None:
@@ -68,24 +62,13 @@ def fp8_scaled_mm_torch(
     return out.to(out_dtype)
 
 
-def _expand_blocks(
-    scale: torch.Tensor, rows: int, cols: int, block_rows: int, block_cols: int
-) -> torch.Tensor:
-    expanded = (
-        scale.float().repeat_interleave(block_rows, dim=0).repeat_interleave(block_cols, dim=1)
-    )
-    return expanded[:rows, :cols]
+def _expand_blocks(scale: torch.Tensor, rows: int, cols: int, block_rows: int, block_cols: int) -> torch.Tensor:
+    return scale.float().repeat_interleave(block_rows, dim=0).repeat_interleave(block_cols, dim=1)[:rows, :cols]
 
 
 @fp8_block_scaled_mm.register("torch")
-def fp8_block_scaled_mm_torch(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    block_size: int = 128,
-) -> torch.Tensor:
+def fp8_block_scaled_mm_torch(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                              out_dtype: torch.dtype = torch.bfloat16, block_size: int = 128) -> torch.Tensor:
     (m, k), n = a.shape, b.shape[0]
     a_deq = a.float() * _expand_blocks(a_scale, m, k, 1, block_size)
     b_deq = b.float() * _expand_blocks(b_scale, n, k, block_size, block_size)
@@ -218,11 +201,10 @@ def _gemm_config(m: int, block_scaled: bool = True) -> dict[str, int]:
     ``split_*``: how :func:`_split_k` cuts K for these tiles (fewest K steps a split, fewest K steps
     before splitting at all, programs an SM: see there, four for block-scaled 16-row tiles only)."""
     if m <= 32:
-        # Operands swapped: the weight tile is the MMA's M side (64 output columns), the rows its N side,
-        # which Hopper's wgmma takes 16 and 32 wide where the unswapped tiles fell back to the older MMA
-        # (16 rows) or padded 32 rows to 64: 0.84 / 0.86 / 0.88x their time at 1 / 16 / 32 rows (geomean
-        # over eight FP8 linears of Qwen3 and DeepSeek-V3 with this split rule; H200,
-        # benchmarks/kernels/experiments/fp8-h200.json[swap-ab]); at 64 rows 1.13x, so not there.
+        # Operands swapped: the weight tile is the MMA's M side (64 columns), the rows its N side, which
+        # wgmma takes 16 and 32 wide (unswapped: the older MMA at 16 rows, 32 padded to 64): 0.84 / 0.86 /
+        # 0.88x the time at 1 / 16 / 32 rows, 1.13x at 64 (geomean of eight FP8 linears of Qwen3 and
+        # DeepSeek-V3, H200, benchmarks/kernels/experiments/fp8-h200.json[swap-ab]).
         return {
             "BLOCK_M": 16 if m <= 16 else 32,
             "BLOCK_N": 64,
@@ -246,8 +228,8 @@ def _gemm_config(m: int, block_scaled: bool = True) -> dict[str, int]:
             "num_stages": 4,
             "split_min_steps": 12,
         }
-    # Four stages: 44.0 vs 50.2 us at M=128 and 2015 vs 2103 us at M=8192 (token x channel, N=24576,
-    # K=4096, H200 sweep of 2026-11); block-scaled runs the same either way.
+    # Four stages: 44.0 vs 50.2 us at M=128, 2015 vs 2103 at 8192 (token x channel, N=24576, K=4096,
+    # H200, 2026-11); block-scaled the same either way.
     return {
         "BLOCK_M": 128,
         "BLOCK_N": 128,
@@ -260,30 +242,27 @@ def _gemm_config(m: int, block_scaled: bool = True) -> dict[str, int]:
     }
 
 
-# Split K when the output tiles leave SMs idle, up to SPLIT_K_PROGRAMS_PER_SM programs an SM (unless the
-# tiles' config says otherwise).
+# Split K when the output tiles leave SMs idle, up to this many programs an SM (unless the tiles say otherwise).
 SPLIT_K_PROGRAMS_PER_SM = 2
 
 
 def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, from_steps: int = 0,
              programs_per_sm: int = SPLIT_K_PROGRAMS_PER_SM) -> int:
     """How many K ranges each output tile is cut into: one when the tiles alone fill the GPU. Short
-    wide layers (DeepSeek's kv_a_proj: 9 tiles of 56 K steps at decode) otherwise run on a few SMs
-    one K step after another. Each split writes an fp32 partial of its tile, so splits of few K
-    steps cost more than they save, the more so the more rows: ``min_steps`` per tile size (12 / 8
-    for 64- / 128-row tiles) and two programs an SM came within 4 % of the best split count
-    (geomean) over the FP8 linears of Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V3 at 1-64 rows (and DeepSeek's
-    kv_a widths at 128-256, which the library GEMM does not take), where a fixed minimum of 4 steps came
-    to 7 % and up to 1.41x; unsplit, 1.63x and up to 4x (H200, ``fp8-h200.json[split-k]``). The swapped
-    tiles of up to 32 rows take 8 steps and no split below ``from_steps`` = 32 K steps, where the sum
-    kernel's launch costs more than the split saves (``fp8-h200.json[swap-ab]``: K = 2048 unsplit
-    5.5-6.3 us, in two 6.4-8.0). Programs an SM, long-K layers with the quantization launch, four against
-    two (``results/fp8-gemm-h200.json``, ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``, two
-    H200s): at 16 rows four were faster (Qwen3-8B's down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 /
-    47.5), at 32 rows two (28.5 / 27.0, 54.5 / 49.8); likely as a 32-row tile holds more shared memory and
-    registers, so fewer of its programs fit an SM at once (not profiled). Per-channel scales ran the other
-    way at 16 rows in the same three runs (``atom_channel_us``; four against two 1.01x on geomean, 1.035-1.057x
-    on the layers of over 7000 K: DeepSeek-V3's o_proj 38.8 / 39.4 against 37.3 us)."""
+    wide layers (DeepSeek's kv_a_proj: 9 tiles of 56 K steps at decode) otherwise run on a few SMs one
+    K step after another. Each split writes an fp32 partial of its tile, so splits of few K steps cost
+    more than they save, the more so the more rows: ``min_steps`` per tile size (12 / 8 for 64- /
+    128-row tiles) and two programs an SM came within 4 % of the best split count (geomean) over the
+    FP8 linears of Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V3 at 1-64 rows (and DeepSeek's kv_a widths at
+    128-256), where a fixed minimum of 4 steps came to 7 % and up to 1.41x; unsplit, 1.63x and up to
+    4x (H200, ``fp8-h200.json[split-k]``). The swapped tiles of up to 32 rows take 8 steps and no split
+    below ``from_steps`` = 32 K steps, where the sum kernel's launch costs more than the split saves
+    (``fp8-h200.json[swap-ab]``: K = 2048 unsplit 5.5-6.3 us, in two 6.4-8.0). Programs an SM, long-K
+    layers with the quantization launch, four against two (``results/fp8-gemm-h200.json``,
+    ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``): at 16 rows four were faster (Qwen3-8B's
+    down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 / 47.5), at 32 rows two (28.5 / 27.0, 54.5 /
+    49.8; a 32-row tile holds more shared memory and registers, so fewer fit an SM: not profiled). Per
+    channel, four against two at 16 rows: 1.01x on geomean, 1.035-1.057x above 7000 K (``atom_channel_us``)."""
     sms = sm_count(device)
     if tiles >= sms or k_steps < from_steps:
         return 1
@@ -373,28 +352,16 @@ def _launch_fp8_gemm(
 
 
 @fp8_scaled_mm.register("triton")
-def fp8_scaled_mm_triton(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
+def fp8_scaled_mm_triton(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                         out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None) -> torch.Tensor:
     a_scale = _column(a_scale, a.shape[0], "a_scale").contiguous()
     b_scale = _column(b_scale, b.shape[0], "b_scale").contiguous()
     return _launch_fp8_gemm(a, b, a_scale, b_scale, out_dtype, bias, False, 128)
 
 
 @fp8_block_scaled_mm.register("triton")
-def fp8_block_scaled_mm_triton(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    block_size: int = 128,
-) -> torch.Tensor:
+def fp8_block_scaled_mm_triton(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                               out_dtype: torch.dtype = torch.bfloat16, block_size: int = 128) -> torch.Tensor:
     (m, k), n = a.shape, b.shape[0]
     groups_k, groups_n = cdiv(k, block_size), cdiv(n, block_size)
     if a_scale.shape != (m, groups_k) or b_scale.shape != (groups_n, groups_k):
@@ -402,25 +369,32 @@ def fp8_block_scaled_mm_triton(
             f"fp8_block_scaled_mm: a_scale {tuple(a_scale.shape)} != ({m}, {groups_k}) or "
             f"b_scale {tuple(b_scale.shape)} != ({groups_n}, {groups_k})"
         )
-    # a_scale in any layout (the quantizers' group-major one, or row-major); b_scale row-major.
+    # a_scale in any layout (group-major as the quantizers', or row-major); b_scale row-major.
     a_scale, b_scale = a_scale.float(), b_scale.float().contiguous()
     return _launch_fp8_gemm(a, b, a_scale, b_scale, out_dtype, None, True, block_size)
 
 
-# torch._scaled_mm (cuBLASLt / CUTLASS in torch 2.11) against the Triton kernels above on an H200
-# (benchmarks/kernels/experiments/fp8-h200.json[block-library], benchmarks/results/fp8-gemm-h200.json):
-# block-wise 1.1 to 1.9x faster from 256 rows up at every Qwen3-8B and DeepSeek-V3 shape, per
-# channel 1.2 to 1.5x; up to 64 rows the Triton kernels are as fast or faster. So the library takes
-# more than 64 rows. cuBLASLt answers NOT_SUPPORTED for row counts that are not a multiple of 16
-# (seen at 1 and 130 on an H200): the rows are padded to one.
+# torch._scaled_mm (cuBLASLt / CUTLASS in torch 2.11) against the Triton kernels on an H200 (benchmarks/
+# kernels/experiments/fp8-h200.json[block-library, library-widths]): faster from 256 rows (1.1-1.9x
+# block-wise, 1.2-1.5x per channel), as fast or slower up to 64. It refuses row counts that are no
+# multiple of 16: padded. Block-wise it does not split K, so it takes outputs of one 128 x 128
+# tile per LIBRARY_SMS_PER_TILE SMs or more (fewer ran faster on the Triton kernel, splitting K), and
+# K of whole 512 columns: it misread the weight scales of others (K 384, 640, 768, 1280; H200).
 LIBRARY_MIN_ROWS = 65
 LIBRARY_ROW_MULTIPLE = 16
 _LIBRARY_OUT_DTYPES = (torch.bfloat16, torch.float16)
+LIBRARY_SMS_PER_TILE = 4
 
 
-def _library_fits(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, multiple: int) -> bool:
+def _library_fits(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, k_multiple: int) -> bool:
     return (a.shape[0] >= LIBRARY_MIN_ROWS and out_dtype in _LIBRARY_OUT_DTYPES
-            and a.shape[1] % multiple == 0 and b.shape[0] % multiple == 0)
+            and a.shape[1] % k_multiple == 0 and b.shape[0] % LIBRARY_ROW_MULTIPLE == 0)
+
+
+def _block_library_fits(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether torch's block-wise GEMM takes ``a`` x ``b``: see LIBRARY_SMS_PER_TILE."""
+    tiles = cdiv(a.shape[0], 128) * cdiv(b.shape[0], 128)
+    return _library_fits(a, b, out_dtype, 512) and LIBRARY_SMS_PER_TILE * tiles >= sm_count(a.device)
 
 
 def _library_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
@@ -439,30 +413,18 @@ def _library_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b
 
 
 @fp8_block_scaled_mm.register("torchlib")
-def fp8_block_scaled_mm_torchlib(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    block_size: int = 128,
-) -> torch.Tensor:
-    if block_size != 128 or not _library_fits(a, b, out_dtype, 128):
+def fp8_block_scaled_mm_torchlib(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                                 out_dtype: torch.dtype = torch.bfloat16, block_size: int = 128) -> torch.Tensor:
+    if block_size != 128 or not _block_library_fits(a, b, out_dtype):
         return fp8_block_scaled_mm_triton(a, b, a_scale, b_scale, out_dtype, block_size)
-    # The 1x128 x 128x128 recipe: activation scales [M, K/128] stored M-major (as the quantizers store
-    # them), weight scales as [K/128, N/128] (a transposed view of the checkpoint's [N/128, K/128]).
+    # The 1x128 x 128x128 recipe: activation scales [M, K/128] M-major (the quantizers' layout), weight
+    # scales [K/128, N/128] (the checkpoint's [N/128, K/128] transposed).
     return _library_mm(a, b, a_scale.float(), b_scale.float().t(), out_dtype)
 
 
 @fp8_scaled_mm.register("torchlib")
-def fp8_scaled_mm_torchlib(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_scale: torch.Tensor,
-    b_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
+def fp8_scaled_mm_torchlib(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                           out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not _library_fits(a, b, out_dtype, 16):
         return fp8_scaled_mm_triton(a, b, a_scale, b_scale, out_dtype, bias)
     # Row-wise recipe: [M, 1] x [1, N] (a per-tensor scale broadcast to its rows or columns).
