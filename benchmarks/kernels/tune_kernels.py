@@ -9,7 +9,8 @@
   fp8 weights with an fp32 scale per 128 x 128 block, bf16 activations quantized per token and 128
   channels): per token count, every row-block size BLOCK_M and, for each of the two GEMMs (gate_up with
   the activation, down), every tile candidate (split-K ones too up to SPLIT_K_MAX_TOKENS), from 64-row
-  blocks the best tile again at other GROUP_M; the BLOCK_M whose two best GEMMs sum lowest wins.
+  blocks the best tile again at other GROUP_M (kept if the whole op runs faster); the BLOCK_M whose two
+  best GEMMs sum lowest wins.
   ``moe_mxfp4``: the MXFP4 experts of gpt-oss-20b and gpt-oss-120b (uint8 weights, two e2m1 values a
   byte, an e8m0 scale per 32 values); up to GEMV_MAX_TOKENS also the matrix-vector path, and the whole
   op's time decides between the two.
@@ -205,15 +206,7 @@ def attention_candidates(group: int) -> list[dict]:
     ):
         if stages * (m * 128 + 2 * n * 128) * 2 > SMEM_BYTES:
             continue
-        out.append(
-            {
-                "HEADS": heads,
-                "BLOCK_M": m,
-                "BLOCK_N": n,
-                "num_warps": warps,
-                "num_stages": stages,
-            }
-        )
+        out.append({"HEADS": heads, "BLOCK_M": m, "BLOCK_N": n, "num_warps": warps, "num_stages": stages})
     return out
 
 
@@ -229,19 +222,11 @@ def moe_weights(
     experts: int, hidden: int, inter: int, weight_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """w13 [E, 2I, D], w2 [E, D, I] and their block scales (None for bf16), made once a model."""
-    if weight_dtype == MXFP4:
-        (w13, w13_scale), (w2, w2_scale) = mxfp4_blocks(experts, 2 * inter, hidden), mxfp4_blocks(
-            experts, hidden, inter
-        )
-        return w13, w2, w13_scale, w2_scale
-    if weight_dtype != FP8:
-        return (
-            rand(experts, 2 * inter, hidden, scale=hidden**-0.5),
-            rand(experts, hidden, inter, scale=inter**-0.5),
-            None,
-            None,
-        )
-    (w13, w13_scale), (w2, w2_scale) = fp8_blocks(experts, 2 * inter, hidden), fp8_blocks(experts, hidden, inter)
+    if weight_dtype not in (MXFP4, FP8):
+        w13 = rand(experts, 2 * inter, hidden, scale=hidden**-0.5)
+        return w13, rand(experts, hidden, inter, scale=inter**-0.5), None, None
+    blocks = mxfp4_blocks if weight_dtype == MXFP4 else fp8_blocks
+    (w13, w13_scale), (w2, w2_scale) = blocks(experts, 2 * inter, hidden), blocks(experts, hidden, inter)
     return w13, w2, w13_scale, w2_scale
 
 
@@ -465,9 +450,7 @@ def try_us(fn) -> float | None:
     try:
         return graph_us(fn)
     except Exception as error:  # noqa: BLE001  (a candidate that does not fit this GPU is skipped)
-        if "OutOfResources" not in type(
-            error
-        ).__name__ and "out of resource" not in str(error):
+        if "OutOfResources" not in type(error).__name__ and "out of resource" not in str(error):
             print(f"    candidate failed: {type(error).__name__}: {error_cause(error)}")
         return None
 
@@ -560,26 +543,17 @@ def tune_moe(report: dict, op: str) -> dict:
             best = {}  # the tiled path's best (key "tiled") and the matrix-vector path's
             plain = model not in NOT_SILU_MODELS
             for block_m, gemm_tiles in moe_candidates(num_tokens, experts, top_k, weight_dtype, plain).items():
-                picks = {}
+                firsts, picks = {}, {}
                 for name, gated in (("gate_up", True), ("down", False)):
-                    timed = [
-                        (us, t)
-                        for t in gemm_tiles[name]
-                        if (us := try_us(shape.gemm(block_m, gated, t))) is not None
-                    ]
-                    picks[name] = regrouped(shape, block_m, gated, min(timed, key=lambda p: p[0]))
+                    timed = [(us, t) for t in gemm_tiles[name]
+                             if (us := try_us(shape.gemm(block_m, gated, t))) is not None]
+                    firsts[name] = min(timed, key=lambda p: p[0])
+                    picks[name] = regrouped(shape, block_m, gated, firsts[name])
                 total = picks["gate_up"][0] + picks["down"][0]
                 path = GEMV if block_m == GEMV else "tiled"
                 if path not in best or total < best[path][0]:
-                    best[path] = (total, block_m, picks)
-            configs = {
-                path: {
-                    **({"GEMV": True} if block_m == GEMV else {"BLOCK_M": block_m}),
-                    "gate_up": picks["gate_up"][1],
-                    "down": picks["down"][1],
-                }
-                for path, (_, block_m, picks) in best.items()
-            }
+                    best[path] = (total, block_m, picks, firsts)
+            configs = {path: moe_entry(block_m, picks) for path, (_, block_m, picks, _) in best.items()}
             # The paths differ outside their GEMMs (the tiled one sorts the entries, and reduces split-K
             # partials): between them the whole op decides.
             path = "tiled"
@@ -587,23 +561,30 @@ def tune_moe(report: dict, op: str) -> dict:
                 whole_op = {p: shape.whole_op_us(config) for p, config in configs.items()}
                 path = min(whole_op, key=whole_op.get)
                 print(f"{op} {model} tokens={num_tokens}: whole op {whole_op}")
-            total, block_m, picks = best[path]
+            total, block_m, picks, firsts = best[path]
+            if picks != firsts:
+                # The GROUP_M retries won GEMM by GEMM: the whole op decides.
+                ungrouped = moe_entry(block_m, firsts)
+                whole_op = {"regrouped": shape.whole_op_us(configs[path]), "ungrouped": shape.whole_op_us(ungrouped)}
+                print(f"{op} {model} tokens={num_tokens}: GROUP_M retries, whole op {whole_op}")
+                if whole_op["ungrouped"] < whole_op["regrouped"]:
+                    configs[path], picks = ungrouped, firsts
+                    total = picks["gate_up"][0] + picks["down"][0]
             table[key][str(num_tokens)] = configs[path]
             print(
                 f"{op} {model} tokens={num_tokens}: "
                 f"{'GEMV' if block_m == GEMV else f'BLOCK_M={block_m}'} gemms {total:.1f} us"
             )
-            report["moe_gemms"].append(
-                {
-                    "op": op,
-                    "model": model,
-                    "tokens": num_tokens,
-                    "gemms_us": total,
-                    **table[key][str(num_tokens)],
-                }
-            )
+            report["moe_gemms"].append({"op": op, "model": model, "tokens": num_tokens, "gemms_us": total,
+                                        **table[key][str(num_tokens)]})
             del shape
     return table
+
+
+def moe_entry(block_m: int | str, picks: dict) -> dict:
+    """A table entry: the row block (or GEMV) and each GEMM's tiles."""
+    return {**({"GEMV": True} if block_m == GEMV else {"BLOCK_M": block_m}),
+            "gate_up": picks["gate_up"][1], "down": picks["down"][1]}
 
 
 def regrouped(shape: MoeShape, block_m: int | str, gated: bool, best: tuple[float, dict]) -> tuple[float, dict]:
@@ -625,11 +606,7 @@ def tune_attention(report: dict) -> dict:
     for model, (heads, kv, dim) in ATTENTION_MODELS.items():
         for kind in ("prefill", "extend"):
             shape = AttentionShape(model, kind)
-            timed = [
-                (us, c)
-                for c in attention_candidates(heads // kv)
-                if (us := try_us(shape.ours(c))) is not None
-            ]
+            timed = [(us, c) for c in attention_candidates(heads // kv) if (us := try_us(shape.ours(c))) is not None]
             us, config = min(timed, key=lambda p: p[0])
             print(f"attention {model} {kind}: {config} {us:.1f} us")
             if kind == "extend":
