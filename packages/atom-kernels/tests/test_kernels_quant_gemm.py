@@ -114,13 +114,14 @@ def test_fp8_block_scaled_mm(backend, m, n, k):
 
 
 @pytest.mark.parametrize("m, n, k, takes", [
-    (64, 36864, 7168, False), (128, 2112, 7168, False), (256, 2112, 7168, True), (256, 576, 7168, False),
-    (1024, 576, 7168, True), (128, 2048, 4096, False), (96, 5120, 2048, True), (1030, 592, 512, True),
-    (4096, 600, 512, False), (1024, 640, 640, False), (1024, 640, 1536, True)])
+    (64, 36864, 7168, False), (65, 4096, 4096, True), (128, 2112, 7168, False), (256, 2112, 7168, True),
+    (256, 576, 7168, False), (1024, 576, 7168, True), (128, 2048, 4096, False), (128, 2688, 4096, False),
+    (128, 2816, 4096, True), (1030, 592, 512, True), (4096, 600, 512, False), (1024, 640, 640, False),
+    (1024, 640, 256, False), (1024, 640, 1536, True)])
 def test_block_library_takes_outputs_of_enough_tiles(m, n, k, takes):
     """torch's block GEMM from 65 rows, widths of whole 16 columns, K of whole 512 columns (it misread the
-    scales of others), and at least one 128 x 128 output tile per four SMs (132 on CPU)."""
-    a, b = torch.empty(m, k, device="cpu"), torch.empty(n, k, device="cpu")
+    scales of others), and at least one 128 x 128 output tile per six SMs (22 tiles of 132 on CPU)."""
+    a, b = torch.empty(m, k, device="meta"), torch.empty(n, k, device="meta")
     assert gemm._block_library_fits(a, b, torch.bfloat16) == takes
 
 

@@ -4,8 +4,8 @@ nn.Linear layout), both fp8, and fp32 scales.
 * ``fp8_scaled_mm``: a_scale [1] (per tensor) or [M, 1] (per token); b_scale [1] (per tensor) or
   [N, 1] / [N] (per channel). The scales multiply the fp32 accumulator once, in the epilogue.
 * ``fp8_block_scaled_mm``: DeepSeek-V3-style blocks: a_scale [M, K / 128] (1 x 128 groups, from
-  :func:`atom_kernels.per_group_quant_fp8`), b_scale [N / 128, K / 128] (128 x 128 blocks), applied per
-  K step.
+  :func:`atom_kernels.per_group_quant_fp8`), b_scale [ceil(N / 128), K / 128] (128 x 128 blocks),
+  applied per K step.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def fp8_block_scaled_mm(
     block_size: int = 128,
 ) -> torch.Tensor:
     """``a @ b.T`` [M, N] with 1x128 activation groups (``a_scale`` [M, K / 128]) and 128x128 weight
-    blocks (``b_scale`` [N / 128, K / 128])."""
+    blocks (``b_scale`` [ceil(N / 128), K / 128])."""
 
 
 def _column(scale: torch.Tensor, rows: int, name: str) -> torch.Tensor:
@@ -318,30 +318,11 @@ def _launch_fp8_gemm(
     split_k = max(1, cdiv(k_steps, steps_per_split))  # no empty split (one program a tile at K = 0)
     partial = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device) if split_k > 1 else None
     _fp8_gemm_kernel[(tiles, split_k)](
-        a,
-        b,
-        out,
-        a_scale,
-        b_scale,
-        bias,
-        m,
-        n,
-        k,
-        a.stride(0),
-        b.stride(0),
-        out.stride(0),
-        a_scale.stride(0) if block_scaled else 0,
-        a_scale.stride(1) if block_scaled else 0,
-        b_scale.stride(0) if block_scaled else 0,
-        partial,
-        steps_per_split * config["BLOCK_K"],
-        A_PER_ROW=a_scale.numel() > 1,
-        B_PER_ROW=b_scale.numel() > 1,
-        BLOCK_SCALED=block_scaled,
-        SCALE_BLOCK=scale_block,
-        HAS_BIAS=bias is not None,
-        SPLIT=split_k > 1,
-        **config,
+        a, b, out, a_scale, b_scale, bias, m, n, k, a.stride(0), b.stride(0), out.stride(0),
+        a_scale.stride(0) if block_scaled else 0, a_scale.stride(1) if block_scaled else 0,
+        b_scale.stride(0) if block_scaled else 0, partial, steps_per_split * config["BLOCK_K"],
+        A_PER_ROW=a_scale.numel() > 1, B_PER_ROW=b_scale.numel() > 1, BLOCK_SCALED=block_scaled,
+        SCALE_BLOCK=scale_block, HAS_BIAS=bias is not None, SPLIT=split_k > 1, **config,
     )
     if split_k > 1:
         block_n = 1024
@@ -375,15 +356,16 @@ def fp8_block_scaled_mm_triton(a: torch.Tensor, b: torch.Tensor, a_scale: torch.
 
 
 # torch._scaled_mm (cuBLASLt / CUTLASS in torch 2.11) against the Triton kernels on an H200 (benchmarks/
-# kernels/experiments/fp8-h200.json[block-library, library-widths]): faster from 256 rows (1.1-1.9x
-# block-wise, 1.2-1.5x per channel), as fast or slower up to 64. It refuses row counts that are no
-# multiple of 16: padded. Block-wise it does not split K, so it takes outputs of one 128 x 128
-# tile per LIBRARY_SMS_PER_TILE SMs or more (fewer ran faster on the Triton kernel, splitting K), and
-# K of whole 512 columns: it misread the weight scales of others (K 384, 640, 768, 1280; H200).
+# kernels/experiments/fp8-h200.json[block-library, library-widths, split-k]): mostly faster from 256 rows,
+# mostly as fast or slower up to 64. It refuses row counts that are no multiple of 16: padded. Block-wise
+# it does not split K: with under one 128 x 128 output tile per LIBRARY_SMS_PER_TILE SMs the Triton kernel
+# ran faster (DeepSeek-V3's 2112 / 576 widths; Qwen3-30B-A3B's o_proj at 128 rows). Where K / 128 is no
+# multiple of 4 (K 256, 384, 640, 768, 1280) its outputs were wrong after the first 128 columns (likely
+# the weight scales' rows of under 16 bytes' multiple), so it takes K of whole 512 columns.
 LIBRARY_MIN_ROWS = 65
 LIBRARY_ROW_MULTIPLE = 16
 _LIBRARY_OUT_DTYPES = (torch.bfloat16, torch.float16)
-LIBRARY_SMS_PER_TILE = 4
+LIBRARY_SMS_PER_TILE = 6
 
 
 def _library_fits(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, k_multiple: int) -> bool:
@@ -418,7 +400,7 @@ def fp8_block_scaled_mm_torchlib(a: torch.Tensor, b: torch.Tensor, a_scale: torc
     if block_size != 128 or not _block_library_fits(a, b, out_dtype):
         return fp8_block_scaled_mm_triton(a, b, a_scale, b_scale, out_dtype, block_size)
     # The 1x128 x 128x128 recipe: activation scales [M, K/128] M-major (the quantizers' layout), weight
-    # scales [K/128, N/128] (the checkpoint's [N/128, K/128] transposed).
+    # scales transposed to [K/128, ceil(N/128)].
     return _library_mm(a, b, a_scale.float(), b_scale.float().t(), out_dtype)
 
 
