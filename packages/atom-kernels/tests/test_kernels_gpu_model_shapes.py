@@ -6,7 +6,7 @@ references at small shapes.
 
 import pytest
 import torch
-from kernel_testing import assert_close, cu_seqlens, impl, paged_layout, rand
+from kernel_testing import LIBRARY, assert_close, cu_seqlens, impl, paged_layout, rand
 
 pytestmark = pytest.mark.gpu
 
@@ -115,6 +115,21 @@ def test_fp8_gemms_deepseek_dims(m):
     assert_close(
         *both("fp8_block_scaled_mm", a_q, b_q, a_scale, b_scale, BF16), BF16, "accumulated"
     )
+
+
+@pytest.mark.skipif(not LIBRARY, reason="torch's FP8 library GEMMs need sm90 or newer")
+@pytest.mark.parametrize("m", [256, 1024])
+@pytest.mark.parametrize("n, k", [(2112, 7168), (576, 7168), (7168, 2304), (7168, 256)])
+def test_fp8_block_library_at_deepseek_dims(m, n, k):
+    """The torchlib backend at DeepSeek-V3's q_a + kv_a and kv_a widths, and at its down_proj K under
+    TP 8 (2304 dense, 256 shared experts), where torch's library misread the weight scales
+    (gemm._block_library_fits sends those to the Triton kernel)."""
+    a_q, a_scale = impl("per_group_quant_fp8", "triton")(rand(m, k, dtype=BF16))
+    b_q = impl("per_token_quant_fp8", "triton")(rand(n, k, dtype=BF16))[0]
+    b_scale = torch.rand(-(-n // 128), k // 128, device="cuda") / 100
+    args = (a_q, b_q, a_scale, b_scale, BF16)
+    out = impl("fp8_block_scaled_mm", "torchlib")(*args)
+    assert_close(out, impl("fp8_block_scaled_mm", "torch")(*args), BF16, "accumulated")
 
 
 def test_decode_step_captures_in_a_cuda_graph():
