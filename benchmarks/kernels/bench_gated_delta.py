@@ -12,7 +12,7 @@ Rows, bf16 activations:
 With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
 form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, STATE_STAGES, INVERSE_PRECISION_NVIDIA; the whole op with w and u
 in fp32, WU_16BIT off; all in atom_kernels.gated_delta) and of
-the conv prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS in atom_kernels.short_conv); the
+the conv prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS, PREFILL_UNROLL in atom_kernels.short_conv); the
 prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
 
 Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
@@ -48,10 +48,11 @@ STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for
 # Options that change both launches: the whole op.
 WHOLE_OP_SWEEP = [{"WU_16BIT": False}]
 CONV_SWEEP = [{"PREFILL_BLOCK_T": t, "PREFILL_BLOCK_C": c, "PREFILL_WARPS": w}
-              for t in (32, 64, 128) for c in (64, 128, 256) for w in (4, 8)]
+              for t in (64, 128, 256) for c in (512, 1024, 2048) for w in (4, 8)] + [
+    {"PREFILL_UNROLL": u} for u in (4, 16)]
 SETTINGS = {gated_delta: ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "STATE_STAGES",
                           "INVERSE_PRECISION_NVIDIA", "WU_16BIT"),
-            short_conv: ("PREFILL_BLOCK_T", "PREFILL_BLOCK_C", "PREFILL_WARPS")}
+            short_conv: ("PREFILL_BLOCK_T", "PREFILL_BLOCK_C", "PREFILL_WARPS", "PREFILL_UNROLL")}
 
 
 def delta_inputs(num_tokens: int):

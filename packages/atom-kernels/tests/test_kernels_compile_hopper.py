@@ -136,7 +136,7 @@ def main() -> None:
          4),
         (short_conv._causal_conv1d_prefill_kernel,
          dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_T=short_conv.PREFILL_BLOCK_T,
-              BLOCK_C=short_conv.PREFILL_BLOCK_C), short_conv.PREFILL_WARPS),
+              BLOCK_C=short_conv.PREFILL_BLOCK_C, UNROLL=short_conv.PREFILL_UNROLL), short_conv.PREFILL_WARPS),
         (short_conv._conv_state_kernel, dict(conv, BLOCK_W=4), 4),
         (short_conv._causal_conv1d_decode_kernel, dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_W=4),
          4),

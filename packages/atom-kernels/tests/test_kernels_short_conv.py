@@ -12,16 +12,16 @@ LENGTHS = [1, 2, 7, 33]
 HAS_INITIAL = [True, False, True, False]
 
 
-def conv_inputs(lengths, dtype, with_bias):
+def conv_inputs(lengths, dtype, with_bias, kernel_size=KERNEL_SIZE):
     x = rand(sum(lengths), CHANNELS, dtype=dtype)
-    weight = rand(CHANNELS, KERNEL_SIZE, dtype=dtype, scale=0.5)
+    weight = rand(CHANNELS, kernel_size, dtype=dtype, scale=0.5)
     bias = rand(CHANNELS, dtype=dtype) if with_bias else None
     return x, weight, bias
 
 
-def initial_state(has_initial, dtype):
+def initial_state(has_initial, dtype, kernel_size=KERNEL_SIZE):
     """Random history where a sequence has one; NaN where not, which the op must not read."""
-    state = rand(len(has_initial), CHANNELS, KERNEL_SIZE - 1, dtype=dtype)
+    state = rand(len(has_initial), CHANNELS, kernel_size - 1, dtype=dtype)
     state[~torch.tensor(has_initial, device=DEVICE)] = float("nan")
     return state
 
@@ -50,12 +50,17 @@ def test_causal_conv1d_triton_matches_torch(dtype, with_bias):
     assert_close(state, expected_state, dtype)
 
 
-def test_causal_conv1d_sequences_over_several_blocks():
-    """Sequences longer than one prefill program's block of tokens (64): their blocks run at once,
-    the first reads the old state, and the new state is written only after all of them."""
-    lengths, has_initial = [130, 3, 64, 65], [True, True, False, True]
-    x, weight, bias = conv_inputs(lengths, torch.float32, with_bias=True)
-    state = initial_state(has_initial, torch.float32)
+@pytest.mark.parametrize("kernel_size", [2, 3, 4, 5])
+def test_causal_conv1d_sequences_over_several_blocks(kernel_size):
+    """Sequences longer than one prefill program's block of tokens (PREFILL_BLOCK_T): their blocks run
+    at once, the first reads the old state, and the new state is written only after all of them; at
+    each kernel width the prefill kernel carries (2-4) and one it hands to the torch reference (5)."""
+    from atom_kernels.short_conv import PREFILL_BLOCK_T
+
+    lengths = [2 * PREFILL_BLOCK_T + 2, 3, PREFILL_BLOCK_T, PREFILL_BLOCK_T + 1]
+    has_initial = [True, True, False, True]
+    x, weight, bias = conv_inputs(lengths, torch.float32, True, kernel_size)
+    state = initial_state(has_initial, torch.float32, kernel_size)
     expected_state = state.clone()
     args = (weight, bias, cu_seqlens(lengths))
     initial = torch.tensor(has_initial, device=DEVICE)

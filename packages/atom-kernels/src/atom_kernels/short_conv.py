@@ -191,7 +191,8 @@ def _load_inputs(
 def _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out_stride_t, weight_stride_c,
                state_stride_w, start, length, has_initial, rows, cols, col_mask, KERNEL_SIZE: tl.constexpr,
                HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Outputs of one sequence's rows ``rows`` (positions from its first token) in channels ``cols``."""
+    """Outputs of one sequence's rows ``rows`` (positions from its first token) in channels ``cols``,
+    each tap read through :func:`_load_inputs` (the decode kernel's one row)."""
     HISTORY: tl.constexpr = KERNEL_SIZE - 1
     row_mask = rows < length
     if HAS_BIAS:
@@ -199,18 +200,11 @@ def _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out
             bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     else:
         acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    # Rows past the history read only x: one row pointer per tap, no state addressing (most blocks).
-    past_history = tl.min(rows, axis=0) >= HISTORY
-    x_rows = x_ptr + (start + rows - HISTORY).to(tl.int64) * x_stride_t
     for j in tl.static_range(KERNEL_SIZE):
-        if past_history:
-            tap = tl.load((x_rows + j * x_stride_t)[:, None] + cols[None, :],
-                          mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-        else:
-            tap = _load_inputs(
-                x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
-                row_mask, cols, col_mask, has_initial, HISTORY,
-            )
+        tap = _load_inputs(
+            x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
+            row_mask, cols, col_mask, has_initial, HISTORY,
+        )
         w = tl.load(weight_ptr + cols * weight_stride_c + j, mask=col_mask, other=0.0)
         acc += tap * w.to(tl.float32)[None, :]
     if SILU:
@@ -249,17 +243,31 @@ def _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_s
     return state_ptr + row * state_stride_s + cols * state_stride_c
 
 
+@triton.jit
+def _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, pos, cols, col_mask, has_initial,
+               HISTORY: tl.constexpr):
+    """fp32 [BLOCK_C] input of one sequence at position ``pos`` from its first token: ``x`` from 0 on,
+    the state (or zeros) at -HISTORY..-1."""
+    from_x = tl.load(x_ptr + (start + pos).to(tl.int64) * x_stride_t + cols, mask=col_mask & (pos >= 0), other=0.0)
+    from_state = tl.load(state_ptrs + (HISTORY + pos) * state_stride_w, mask=col_mask & (pos < 0) & has_initial,
+                         other=0.0)
+    return from_x.to(tl.float32) + from_state.to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["num_seqs"],
             do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr"])
 def _causal_conv1d_prefill_kernel(
     x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, cu_seqlens_ptr, has_initial_state_ptr,
     num_seqs, channels, x_stride_t, out_stride_t, weight_stride_c, state_stride_s, state_stride_c,
     state_stride_w, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SLOTS: tl.constexpr,
-    SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Outputs only, one program per (block of BLOCK_T tokens of a sequence, channel block): every
-    block at once. The states are written afterwards (:func:`_conv_state_kernel`), so that no block
-    reads a state another block has already overwritten."""
+    block at once, each walking its tokens one row at a time with the last inputs (up to three: kernel
+    widths 2-4) carried in registers, so every input is read from memory once. The states are written
+    afterwards (:func:`_conv_state_kernel`), so that no block reads a state another block has already
+    overwritten."""
+    HISTORY: tl.constexpr = KERNEL_SIZE - 1
     seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, BLOCK_T)
     if first < length:
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -267,9 +275,42 @@ def _causal_conv1d_prefill_kernel(
         has_initial = tl.load(has_initial_state_ptr + seq) != 0
         state_ptrs = _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_stride_c,
                                          HAS_SLOTS)
-        _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out_stride_t,
-                   weight_stride_c, state_stride_w, start, length, has_initial, first + tl.arange(0, BLOCK_T),
-                   cols, col_mask, KERNEL_SIZE, HAS_BIAS, SILU, BLOCK_T, BLOCK_C)
+        weights = weight_ptr + cols * weight_stride_c
+        w_last = tl.load(weights + HISTORY, mask=col_mask, other=0.0).to(tl.float32)
+        # Inputs 1, 2 and 3 rows back and their weights (zeros past the kernel's width).
+        h1 = _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, first - 1, cols, col_mask,
+                        has_initial, HISTORY)
+        w1 = tl.load(weights + HISTORY - 1, mask=col_mask, other=0.0).to(tl.float32)
+        h2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        w2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        h3 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        w3 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if KERNEL_SIZE >= 3:
+            h2 = _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, first - 2, cols, col_mask,
+                            has_initial, HISTORY)
+            w2 = tl.load(weights + HISTORY - 2, mask=col_mask, other=0.0).to(tl.float32)
+        if KERNEL_SIZE >= 4:
+            h3 = _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, first - 3, cols, col_mask,
+                            has_initial, HISTORY)
+            w3 = tl.load(weights, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        else:
+            bias = tl.zeros([BLOCK_C], dtype=tl.float32)
+        x_row = x_ptr + (start + first).to(tl.int64) * x_stride_t + cols
+        out_row = out_ptr + (start + first).to(tl.int64) * out_stride_t + cols
+        for _ in tl.range(0, tl.minimum(BLOCK_T, length - first), loop_unroll_factor=UNROLL):
+            current = tl.load(x_row, mask=col_mask, other=0.0).to(tl.float32)
+            # Oldest tap first, as the decode kernel sums them.
+            y = bias + h3 * w3 + h2 * w2 + h1 * w1 + current * w_last
+            if SILU:
+                y = y * tl.sigmoid(y)
+            tl.store(out_row, y.to(out_ptr.dtype.element_ty), mask=col_mask)
+            x_row += x_stride_t
+            out_row += out_stride_t
+            h3 = h2
+            h2 = h1
+            h1 = current
 
 
 @triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr"])
@@ -310,13 +351,18 @@ def _causal_conv1d_decode_kernel(
                 KERNEL_SIZE, BLOCK_W)
 
 
-# The prefill launch's tiles: tokens and channels per program, and its warps
-# (benchmarks/kernels/bench_gated_delta.py sweeps them). 32 tokens: 0.49 / 0.47 ms per Qwen3-Next layer
-# of 16k tokens on the H200 at cf4c7d6, against 0.62 / 0.60 ms with 64, the fastest of the 18 tiles
-# swept (benchmarks/results/gated-delta-h200.json[cf4c7d6]).
-PREFILL_BLOCK_T = 32
-PREFILL_BLOCK_C = 128
+# The prefill launch's tiles: tokens and channels per program, its warps and loop unrolling
+# (benchmarks/kernels/bench_gated_delta.py sweeps them). Walking rows with the inputs carried in
+# registers took 215 us per Qwen3-Next layer of 16k tokens on the H200 (2026-12-02; 213-221 us at 64-256
+# tokens per program), 2.2-2.4x less than the 32 x 128 tiles reading each input once per tap (464-528
+# us; benchmarks/results/gated-delta-h200.json[2026-12-02-conv-rows]). A plain copy of the input took 137 us.
+PREFILL_BLOCK_T = 128
+PREFILL_BLOCK_C = 1024
 PREFILL_WARPS = 4
+PREFILL_UNROLL = 8
+# Inputs the prefill kernel carries in registers: kernel widths up to 4 (Qwen3-Next's and Qwen3.5's);
+# wider kernels run the torch reference.
+PREFILL_MAX_WIDTH = 4
 
 
 def _launch(
@@ -352,7 +398,8 @@ def _launch(
     _causal_conv1d_prefill_kernel[(x.shape[0] // PREFILL_BLOCK_T + num_seqs, cdiv(channels, prefill_block_c))](
         x, weight, bias, out, conv_state, state_slots, cu_seqlens, has_initial_state, num_seqs, channels,
         x.stride(0), out.stride(0), weight.stride(0), *conv_state.stride(), HAS_BIAS=bias is not None,
-        SILU=activation == "silu", BLOCK_T=PREFILL_BLOCK_T, BLOCK_C=prefill_block_c, num_warps=PREFILL_WARPS,
+        SILU=activation == "silu", BLOCK_T=PREFILL_BLOCK_T, BLOCK_C=prefill_block_c, UNROLL=PREFILL_UNROLL,
+        num_warps=PREFILL_WARPS,
         **common,
     )
     _conv_state_kernel[(num_seqs, channel_blocks)](
@@ -376,6 +423,9 @@ def causal_conv1d_triton(
     num_seqs = check_state_seqs("causal_conv1d", cu_seqlens, has_initial_state)
     _check_args("causal_conv1d", x, weight, bias, conv_state, num_seqs, activation, state_slots)
     check_same_device(x=x, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
+    if weight.shape[1] > PREFILL_MAX_WIDTH:
+        return causal_conv1d_torch(x, weight, bias, cu_seqlens, conv_state, has_initial_state, activation,
+                                   state_slots)
     return _launch(x, weight, bias, cu_seqlens, conv_state, has_initial_state, activation, state_slots)
 
 
