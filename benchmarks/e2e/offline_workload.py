@@ -35,6 +35,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (and, in vLLM, no torch.compile)")
     parser.add_argument("--correctness", default="64,128", help="prompts,new tokens ('' to skip)")
     parser.add_argument("--throughput", default="256,1024,128", help="prompts,in,out ('' to skip)")
+    parser.add_argument("--warm-passes", type=int, default=1,
+                        help="untimed passes before the timed one (more where an engine compiles in the first, "
+                             "e.g. vLLM alone with VLLM_DEEP_GEMM_WARMUP=skip)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-dtype", default="auto", help="the engine's kv_cache_dtype")
     parser.add_argument("--dtype", default="bfloat16",
@@ -87,10 +90,13 @@ def run_header(args: argparse.Namespace, engine: str, atom_disabled: bool, engin
             "atom_disabled": atom_disabled, "engine_start_s": engine_start_s, "served_by": served_by}
 
 
-def measure_throughput(generate: Callable[[list[list[int]], int], int], spec: str, vocab: int) -> dict:
+def measure_throughput(generate: Callable[[list[list[int]], int], int], spec: str, vocab: int,
+                       warm_passes: int = 1) -> dict:
     """``spec`` = "prompts,in,out": that many random prompts of ``in`` tokens, ``out`` greedy tokens
-    each (EOS ignored), timed over one ``generate`` call."""
+    each (EOS ignored), timed over one ``generate`` call after ``warm_passes`` untimed ones."""
     count, in_len, out_len = map(int, spec.split(","))
+    if warm_passes < 1:
+        raise ValueError(f"warm_passes must be at least 1, got {warm_passes}")
 
     def timed_pass(seed: int) -> tuple[float, int]:
         prompts = random_prompts(count, in_len, vocab, seed=seed)
@@ -98,15 +104,17 @@ def measure_throughput(generate: Callable[[list[list[int]], int], int], spec: st
         generated = generate(prompts, out_len)
         return time.perf_counter() - begin, generated
 
-    # A full pass of the same workload first (other prompts: no prefix-cache hits), so that kernels
+    # Full passes of the same workload first (other prompts: no prefix-cache hits), so that kernels
     # either engine compiles on first sight of a batch shape (vLLM's fused_moe_kernel on a large
-    # MoE batch, say) compile outside the timed pass. Its time is kept as first_pass_*.
-    first_elapsed, first_generated = timed_pass(seed=FIRST_PASS_SEED)
+    # MoE batch, say) compile outside the timed pass. The first one's time is kept as first_pass_*,
+    # each one's output rate as warm_pass_output_tok_s.
+    warm = [timed_pass(seed=FIRST_PASS_SEED + i) for i in range(warm_passes)]
     elapsed, generated = timed_pass(seed=THROUGHPUT_SEED)
     return {
         "prompts": count, "input_len": in_len, "output_len": out_len, "elapsed_s": elapsed,
         "output_tok_s": generated / elapsed, "total_tok_s": (generated + count * in_len) / elapsed,
-        "first_pass_elapsed_s": first_elapsed, "first_pass_output_tok_s": first_generated / first_elapsed,
+        "first_pass_elapsed_s": warm[0][0], "first_pass_output_tok_s": warm[0][1] / warm[0][0],
+        "warm_pass_output_tok_s": [tokens / seconds for seconds, tokens in warm],
     }
 
 
