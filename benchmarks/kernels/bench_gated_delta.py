@@ -10,10 +10,10 @@ Rows, bf16 activations:
   (``state_slots``), against vLLM's ``fused_recurrent_gated_delta_rule`` on its own cache layout;
 - ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
 With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
-form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, STATE_STAGES, INVERSE_PRECISION_NVIDIA; the whole op with w and u
-in fp32, WU_16BIT off; all in atom_kernels.gated_delta) and of
-the conv prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS, PREFILL_UNROLL in atom_kernels.short_conv); the
-prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
+form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, STATE_STAGES, INVERSE_PRECISION_NVIDIA, INVERSE_SUB;
+the whole op with w and u in fp32, WU_16BIT off; all in atom_kernels.gated_delta) and of the conv
+prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS, PREFILL_UNROLL in atom_kernels.short_conv);
+the prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
 
 Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
 and vLLM's prefill run outside CUDA graphs), the decode rows replayed from a CUDA graph. A row whose
@@ -42,7 +42,7 @@ PREFILLS = {"16x1024": [1024] * 16, "2x8192": [8192] * 2}
 DECODE_BATCHES = (1, 64, 256)
 # Each launch's settings, swept one launch at a time.
 PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
-    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")]
+    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")] + [{"INVERSE_SUB": 4}]
 STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)] + [
     {"STATE_STAGES": n} for n in (2, 3)]
 # Options that change both launches: the whole op.
@@ -51,7 +51,7 @@ CONV_SWEEP = [{"PREFILL_BLOCK_T": t, "PREFILL_BLOCK_C": c, "PREFILL_WARPS": w}
               for t in (64, 128, 256) for c in (512, 1024, 2048) for w in (4, 8)] + [
     {"PREFILL_UNROLL": u} for u in (4, 16)]
 SETTINGS = {gated_delta: ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "STATE_STAGES",
-                          "INVERSE_PRECISION_NVIDIA", "WU_16BIT"),
+                          "INVERSE_PRECISION_NVIDIA", "INVERSE_SUB", "WU_16BIT"),
             short_conv: ("PREFILL_BLOCK_T", "PREFILL_BLOCK_C", "PREFILL_WARPS", "PREFILL_UNROLL")}
 
 

@@ -126,10 +126,10 @@ def main() -> None:
     conv = dict(KERNEL_SIZE=4, HAS_SLOTS=True, BLOCK_C=128)
     chunks = dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=gated_delta.STATE_BLOCK_V, DOT_PRECISION="tf32")
     kernels = [
-        (gated_delta._gated_delta_chunk_prepare_kernel,
-         dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32",
-              INVERSE_PRECISION=gated_delta.INVERSE_PRECISION_NVIDIA),
-         gated_delta.PREPARE_WARPS, 1),
+        *((gated_delta._gated_delta_chunk_prepare_kernel,
+           dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32",
+                INVERSE_PRECISION=gated_delta.INVERSE_PRECISION_NVIDIA, INVERSE_SUB=sub),
+           gated_delta.PREPARE_WARPS, 1) for sub in (16, 4)),
         (gated_delta._gated_delta_chunk_state_kernel, dict(chunks, HAS_SLOTS=True), gated_delta.STATE_WARPS,
          gated_delta.STATE_STAGES),
         (gated_delta._gated_delta_rule_decode_kernel, dict(heads, HAS_SLOTS=True, BLOCK_V=gated_delta.STATE_BLOCK_V),

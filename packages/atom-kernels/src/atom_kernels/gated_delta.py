@@ -59,6 +59,11 @@ WU_16BIT = True
 # lay within 3.3e-4 of IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of
 # bf16's rounding (benchmarks/results/gated-delta-h200.json[fc29ad0]). fp32 activations keep tf32x3.
 INVERSE_PRECISION_NVIDIA = "tf32"
+# Rows of the diagonal blocks the inverse's forward substitution takes, one dot per step: 16 and one
+# merge (20 dots per chunk), or 4 and two merges (12 dots). In a CPU emulation of TF32 both erred alike
+# on 200 random chunks; forms built by repeated squaring did not (gated-delta-h200.json
+# [2026-12-02-inverse-emulation]). 4 is not yet timed on a GPU: bench_gated_delta.py's sweep has it.
+INVERSE_SUB = 16
 
 
 @define_op
@@ -255,26 +260,33 @@ def _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head):
 
 
 @triton.jit
-def _unit_lower_inverse(A, rows, CHUNK: tl.constexpr, PRECISION: tl.constexpr):
-    """(I + A)^-1 of a strictly lower [CHUNK, CHUNK] A, in blocks of SUB rows: D = A's diagonal
-    blocks, L = the rest. Forward substitution inverts I + D, the SUB-th row of every block per step
-    (T_r = e_r - D_r Td, one dot), then with N = Td L, strictly block-lower and so nilpotent
-    (N^(CHUNK / SUB) = 0 at four blocks), (I + A)^-1 = (I + N)^-1 Td = (I - N + N^2 - N^3) Td."""
-    SUB: tl.constexpr = 16
-    tl.static_assert(CHUNK == 4 * SUB, "the N^3 series needs exactly four diagonal blocks")
-    same_block = (rows // SUB)[:, None] == (rows // SUB)[None, :]
-    D = tl.where(same_block, A, 0.0)
-    L = tl.where(same_block, 0.0, A)
+def _merge_blocks(T, A, rows, eye, INNER: tl.constexpr, OUTER: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 within blocks of OUTER = 4 INNER rows, from T, its inverse within INNER-row blocks:
+    with L the part of A between the INNER blocks of an OUTER block, N = T L is strictly block-lower
+    and so nilpotent (N^4 = 0), and (I + A)^-1 = (I + N)^-1 T = (I - N + N^2 - N^3) T."""
+    inner = (rows // INNER)[:, None] == (rows // INNER)[None, :]
+    outer = (rows // OUTER)[:, None] == (rows // OUTER)[None, :]
+    N = tl.dot(T, tl.where(outer & ~inner, A, 0.0), input_precision=PRECISION)
+    N2 = tl.dot(N, N, input_precision=PRECISION)
+    return tl.dot(eye - N + N2 - tl.dot(N, N2, input_precision=PRECISION), T, input_precision=PRECISION)
+
+
+@triton.jit
+def _unit_lower_inverse(A, rows, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 of a strictly lower [CHUNK, CHUNK] A: forward substitution inverts its diagonal
+    blocks of SUB rows (every block's r-th row per step, T_r = e_r - D_r T, one dot), then merges of
+    four blocks (:func:`_merge_blocks`) up to CHUNK rows; see INVERSE_SUB."""
+    tl.static_assert((SUB == 16) or (SUB == 4), "merges of four blocks reach CHUNK = 64 from 16 or 4 rows")
+    tl.static_assert(CHUNK == 64, "merges of four blocks reach CHUNK = 64 from 16 or 4 rows")
+    D = tl.where((rows // SUB)[:, None] == (rows // SUB)[None, :], A, 0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    Td = eye
+    T = eye
     for i in range(SUB):
         step = (rows % SUB) == i
-        Td = tl.where(step[:, None], eye - tl.dot(tl.where(step[:, None], D, 0.0), Td, input_precision=PRECISION),
-                      Td)
-    N = tl.dot(Td, L, input_precision=PRECISION)
-    N2 = tl.dot(N, N, input_precision=PRECISION)
-    series = eye - N + N2 - tl.dot(N, N2, input_precision=PRECISION)
-    return tl.dot(series, Td, input_precision=PRECISION)
+        T = tl.where(step[:, None], eye - tl.dot(tl.where(step[:, None], D, 0.0), T, input_precision=PRECISION), T)
+    if SUB == 4:
+        T = _merge_blocks(T, A, rows, eye, 4, 16, PRECISION)
+    return _merge_blocks(T, A, rows, eye, 16, CHUNK, PRECISION)
 
 
 @triton.jit(do_not_specialize=["num_seqs"],
@@ -307,6 +319,7 @@ def _gated_delta_chunk_prepare_kernel(
     BLOCK_V: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INVERSE_PRECISION: tl.constexpr,
+    INVERSE_SUB: tl.constexpr,
 ):
     """The state-free part of a chunk, for every chunk of every sequence at once (one program per
     chunk and value head): with cumulative log decays G over the chunk,
@@ -332,7 +345,7 @@ def _gated_delta_chunk_prepare_kernel(
         decay = tl.exp(tl.where(strictly_lower, G[:, None] - G[None, :], float("-inf")))
         kk = tl.dot(k, tl.trans(k), input_precision=INVERSE_PRECISION)
         A = tl.where(strictly_lower, kk * decay * beta[:, None], 0.0)
-        T = _unit_lower_inverse(A, rows, CHUNK, INVERSE_PRECISION)
+        T = _unit_lower_inverse(A, rows, CHUNK, INVERSE_SUB, INVERSE_PRECISION)
         u = tl.dot(T, v * beta[:, None], input_precision=DOT_PRECISION)
         w = tl.dot(T, k * (beta * tl.exp(G))[:, None], input_precision=DOT_PRECISION)
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
@@ -528,6 +541,7 @@ def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torc
         HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
         BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=max(next_pow2(head_v_dim), 16),
         DOT_PRECISION=_dot_precision(k), INVERSE_PRECISION=_inverse_precision(k),
+        INVERSE_SUB=INVERSE_SUB,
         num_warps=PREPARE_WARPS, num_stages=1,
     )
     return w, u
