@@ -134,9 +134,10 @@ def main() -> None:
          gated_delta.STATE_STAGES),
         (gated_delta._gated_delta_rule_decode_kernel, dict(heads, HAS_SLOTS=True, BLOCK_V=gated_delta.STATE_BLOCK_V),
          4),
-        (short_conv._causal_conv1d_prefill_kernel,
-         dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_T=short_conv.PREFILL_BLOCK_T,
-              BLOCK_C=short_conv.PREFILL_BLOCK_C, UNROLL=short_conv.PREFILL_UNROLL), short_conv.PREFILL_WARPS),
+        *((short_conv._causal_conv1d_prefill_kernel,
+           dict(conv, KERNEL_SIZE=width, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_T=short_conv.PREFILL_BLOCK_T,
+                BLOCK_C=short_conv.PREFILL_BLOCK_C, UNROLL=short_conv.PREFILL_UNROLL), short_conv.PREFILL_WARPS)
+          for width in (4, 2)),
         (short_conv._conv_state_kernel, dict(conv, BLOCK_W=4), 4),
         (short_conv._causal_conv1d_decode_kernel, dict(conv, bias_ptr=None, HAS_BIAS=False, SILU=True, BLOCK_W=4),
          4),

@@ -12,16 +12,16 @@ LENGTHS = [1, 2, 7, 33]
 HAS_INITIAL = [True, False, True, False]
 
 
-def conv_inputs(lengths, dtype, with_bias, kernel_size=KERNEL_SIZE):
-    x = rand(sum(lengths), CHANNELS, dtype=dtype)
-    weight = rand(CHANNELS, kernel_size, dtype=dtype, scale=0.5)
-    bias = rand(CHANNELS, dtype=dtype) if with_bias else None
+def conv_inputs(lengths, dtype, with_bias, kernel_size=KERNEL_SIZE, channels=CHANNELS):
+    x = rand(sum(lengths), channels, dtype=dtype)
+    weight = rand(channels, kernel_size, dtype=dtype, scale=0.5)
+    bias = rand(channels, dtype=dtype) if with_bias else None
     return x, weight, bias
 
 
-def initial_state(has_initial, dtype, kernel_size=KERNEL_SIZE):
+def initial_state(has_initial, dtype, kernel_size=KERNEL_SIZE, channels=CHANNELS):
     """Random history where a sequence has one; NaN where not, which the op must not read."""
-    state = rand(len(has_initial), CHANNELS, kernel_size - 1, dtype=dtype)
+    state = rand(len(has_initial), channels, kernel_size - 1, dtype=dtype)
     state[~torch.tensor(has_initial, device=DEVICE)] = float("nan")
     return state
 
@@ -51,16 +51,20 @@ def test_causal_conv1d_triton_matches_torch(dtype, with_bias):
 
 
 @pytest.mark.parametrize("kernel_size", [2, 3, 4, 5])
-def test_causal_conv1d_sequences_over_several_blocks(kernel_size):
+@pytest.mark.parametrize("channels", [CHANNELS, 1064], ids=["one_channel_block", "two_channel_blocks"])
+def test_causal_conv1d_sequences_over_several_blocks(kernel_size, channels):
     """Sequences longer than one prefill program's block of tokens (PREFILL_BLOCK_T): their blocks run
-    at once, the first reads the old state, and the new state is written only after all of them; at
-    each kernel width the prefill kernel carries (2-4) and one it hands to the torch reference (5)."""
+    at once, the first reads the old state (or zeros: also for sequences shorter than the kernel),
+    and the new state is written only after all of them; at each kernel width the prefill kernel
+    carries (2-4) and at 5, which its kernel refuses to compile, through the torch reference."""
     from atom_kernels.short_conv import PREFILL_BLOCK_T
 
-    lengths = [2 * PREFILL_BLOCK_T + 2, 3, PREFILL_BLOCK_T, PREFILL_BLOCK_T + 1]
-    has_initial = [True, True, False, True]
-    x, weight, bias = conv_inputs(lengths, torch.float32, True, kernel_size)
-    state = initial_state(has_initial, torch.float32, kernel_size)
+    lengths = [2 * PREFILL_BLOCK_T + 2, 3, PREFILL_BLOCK_T, PREFILL_BLOCK_T + 1, 1, 2]
+    has_initial = [True, True, False, True, False, False]
+    if channels > CHANNELS:  # a second channel block of the 1024-channel programs, fewer tokens
+        lengths, has_initial = lengths[1:], has_initial[1:]
+    x, weight, bias = conv_inputs(lengths, torch.float32, True, kernel_size, channels)
+    state = initial_state(has_initial, torch.float32, kernel_size, channels)
     expected_state = state.clone()
     args = (weight, bias, cu_seqlens(lengths))
     initial = torch.tensor(has_initial, device=DEVICE)
@@ -68,6 +72,20 @@ def test_causal_conv1d_sequences_over_several_blocks(kernel_size):
     out = impl("causal_conv1d", "triton")(x, *args, state, initial)
     assert_close(out, expected, torch.float32)
     assert_close(state, expected_state, torch.float32)
+
+
+def test_causal_conv1d_inf_stays_within_the_kernel_width():
+    """An infinite input reaches only the outputs within the kernel's width after it (the reference's
+    NaN and inf pattern): narrower kernels must not multiply the inputs they do not use by zero."""
+    lengths = [12]
+    for kernel_size in (2, 3):
+        x, weight, bias = conv_inputs(lengths, torch.float32, False, kernel_size)
+        x[2, :] = float("inf")
+        args = (weight, bias, cu_seqlens(lengths), initial_state([True], torch.float32, kernel_size))
+        expected = impl("causal_conv1d", "torch")(x, *args[:3], args[3].clone(), torch.tensor([True], device=DEVICE))
+        out = impl("causal_conv1d", "triton")(x, *args, torch.tensor([True], device=DEVICE))
+        assert torch.equal(out.isnan(), expected.isnan()) and torch.equal(out.isinf(), expected.isinf())
+        assert out.isfinite()[2 + kernel_size:].all()
 
 
 @float_dtypes

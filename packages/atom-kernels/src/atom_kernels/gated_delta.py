@@ -264,6 +264,7 @@ def _merge_blocks(T, A, rows, eye, INNER: tl.constexpr, OUTER: tl.constexpr, PRE
     """(I + A)^-1 within blocks of OUTER = 4 INNER rows, from T, its inverse within INNER-row blocks:
     with L the part of A between the INNER blocks of an OUTER block, N = T L is strictly block-lower
     and so nilpotent (N^4 = 0), and (I + A)^-1 = (I + N)^-1 T = (I - N + N^2 - N^3) T."""
+    tl.static_assert(OUTER == 4 * INNER, "N^4 = 0 needs OUTER = 4 INNER")
     inner = (rows // INNER)[:, None] == (rows // INNER)[None, :]
     outer = (rows // OUTER)[:, None] == (rows // OUTER)[None, :]
     N = tl.dot(T, tl.where(outer & ~inner, A, 0.0), input_precision=PRECISION)
@@ -276,8 +277,8 @@ def _unit_lower_inverse(A, rows, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISI
     """(I + A)^-1 of a strictly lower [CHUNK, CHUNK] A: forward substitution inverts its diagonal
     blocks of SUB rows (every block's r-th row per step, T_r = e_r - D_r T, one dot), then merges of
     four blocks (:func:`_merge_blocks`) up to CHUNK rows; see INVERSE_SUB."""
-    tl.static_assert((SUB == 16) or (SUB == 4), "merges of four blocks reach CHUNK = 64 from 16 or 4 rows")
-    tl.static_assert(CHUNK == 64, "merges of four blocks reach CHUNK = 64 from 16 or 4 rows")
+    tl.static_assert((SUB == 16) or (SUB == 4), "INVERSE_SUB must be 16 or 4")
+    tl.static_assert(CHUNK == 64, "the merges end at 64 rows")
     D = tl.where((rows // SUB)[:, None] == (rows // SUB)[None, :], A, 0.0)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     T = eye

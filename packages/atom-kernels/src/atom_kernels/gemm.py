@@ -360,8 +360,8 @@ def fp8_block_scaled_mm_triton(a: torch.Tensor, b: torch.Tensor, a_scale: torch.
 # mostly as fast or slower up to 64. It refuses row counts that are no multiple of 16: padded. Block-wise
 # it does not split K: with under one 128 x 128 output tile per LIBRARY_SMS_PER_TILE SMs the Triton kernel
 # ran faster (DeepSeek-V3's 2112 / 576 widths; Qwen3-30B-A3B's o_proj at 128 rows). Where K / 128 is no
-# multiple of 4 (K 256-1280, 2304, 6400) its outputs were wrong after the first 128 columns; weight
-# scales with 16-byte rows it refuses (torch 2.11), so it takes K of whole 512 columns.
+# multiple of 4 (K 256, 384, 640, 768, 1280, 2304, 6400) its outputs were wrong; weight scales with
+# 16-byte rows it refuses (torch 2.11), so it takes K of whole 512 columns.
 LIBRARY_MIN_ROWS = 65
 LIBRARY_ROW_MULTIPLE = 16
 _LIBRARY_OUT_DTYPES = (torch.bfloat16, torch.float16)

@@ -188,32 +188,6 @@ def _load_inputs(
 
 
 @triton.jit
-def _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out_stride_t, weight_stride_c,
-               state_stride_w, start, length, has_initial, rows, cols, col_mask, KERNEL_SIZE: tl.constexpr,
-               HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Outputs of one sequence's rows ``rows`` (positions from its first token) in channels ``cols``,
-    each tap read through :func:`_load_inputs` (the decode kernel's one row)."""
-    HISTORY: tl.constexpr = KERNEL_SIZE - 1
-    row_mask = rows < length
-    if HAS_BIAS:
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32) + tl.load(
-            bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    else:
-        acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    for j in tl.static_range(KERNEL_SIZE):
-        tap = _load_inputs(
-            x_ptr, x_stride_t, state_ptrs, state_stride_w, start, rows - HISTORY + j,
-            row_mask, cols, col_mask, has_initial, HISTORY,
-        )
-        w = tl.load(weight_ptr + cols * weight_stride_c + j, mask=col_mask, other=0.0)
-        acc += tap * w.to(tl.float32)[None, :]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
-    out_offs = (start + rows).to(tl.int64)[:, None] * out_stride_t + cols[None, :]
-    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
-
-
-@triton.jit
 def _store_tail(x_ptr, state_ptr, state_ptrs, x_stride_t, state_stride_w, start, length, has_initial, cols,
                 col_mask, KERNEL_SIZE: tl.constexpr, BLOCK_W: tl.constexpr):
     """The sequence's last KERNEL_SIZE - 1 inputs (older state entries where it is shorter) into its
@@ -246,12 +220,17 @@ def _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_s
 @triton.jit
 def _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, pos, cols, col_mask, has_initial,
                HISTORY: tl.constexpr):
-    """fp32 [BLOCK_C] input of one sequence at position ``pos`` from its first token: ``x`` from 0 on,
-    the state (or zeros) at -HISTORY..-1."""
-    from_x = tl.load(x_ptr + (start + pos).to(tl.int64) * x_stride_t + cols, mask=col_mask & (pos >= 0), other=0.0)
-    from_state = tl.load(state_ptrs + (HISTORY + pos) * state_stride_w, mask=col_mask & (pos < 0) & has_initial,
-                         other=0.0)
-    return from_x.to(tl.float32) + from_state.to(tl.float32)
+    """fp32 [BLOCK_C] input of one sequence at the one position ``pos`` (:func:`_load_inputs`)."""
+    one = tl.arange(0, 1)
+    return tl.sum(_load_inputs(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, pos + one, one == 0, cols,
+                               col_mask, has_initial, HISTORY), axis=0)
+
+
+@triton.jit
+def _bias_row(bias_ptr, cols, col_mask, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr):
+    if HAS_BIAS:
+        return tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    return tl.zeros([BLOCK_C], dtype=tl.float32)
 
 
 @triton.jit(do_not_specialize=["num_seqs"],
@@ -268,6 +247,7 @@ def _causal_conv1d_prefill_kernel(
     afterwards (:func:`_conv_state_kernel`), so that no block reads a state another block has already
     overwritten."""
     HISTORY: tl.constexpr = KERNEL_SIZE - 1
+    tl.static_assert(HISTORY <= 3, "the prefill kernel carries at most three inputs (kernel widths 2-4)")
     seq, start, length, first = locate_block(cu_seqlens_ptr, tl.program_id(0), num_seqs, BLOCK_T)
     if first < length:
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -277,14 +257,12 @@ def _causal_conv1d_prefill_kernel(
                                          HAS_SLOTS)
         weights = weight_ptr + cols * weight_stride_c
         w_last = tl.load(weights + HISTORY, mask=col_mask, other=0.0).to(tl.float32)
-        # Inputs 1, 2 and 3 rows back and their weights (zeros past the kernel's width).
+        # Inputs 1, 2 and 3 rows back (zeros past the kernel's width) and their weights.
         h1 = _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, first - 1, cols, col_mask,
                         has_initial, HISTORY)
         w1 = tl.load(weights + HISTORY - 1, mask=col_mask, other=0.0).to(tl.float32)
         h2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-        w2 = tl.zeros([BLOCK_C], dtype=tl.float32)
         h3 = tl.zeros([BLOCK_C], dtype=tl.float32)
-        w3 = tl.zeros([BLOCK_C], dtype=tl.float32)
         if KERNEL_SIZE >= 3:
             h2 = _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, first - 2, cols, col_mask,
                             has_initial, HISTORY)
@@ -293,16 +271,18 @@ def _causal_conv1d_prefill_kernel(
             h3 = _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, start, first - 3, cols, col_mask,
                             has_initial, HISTORY)
             w3 = tl.load(weights, mask=col_mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        else:
-            bias = tl.zeros([BLOCK_C], dtype=tl.float32)
+        bias = _bias_row(bias_ptr, cols, col_mask, HAS_BIAS, BLOCK_C)
         x_row = x_ptr + (start + first).to(tl.int64) * x_stride_t + cols
         out_row = out_ptr + (start + first).to(tl.int64) * out_stride_t + cols
         for _ in tl.range(0, tl.minimum(BLOCK_T, length - first), loop_unroll_factor=UNROLL):
             current = tl.load(x_row, mask=col_mask, other=0.0).to(tl.float32)
-            # Oldest tap first, as the decode kernel sums them.
-            y = bias + h3 * w3 + h2 * w2 + h1 * w1 + current * w_last
+            # Oldest tap first, as the decode kernel sums them; only the kernel's taps (0 * inf is NaN).
+            y = bias
+            if KERNEL_SIZE >= 4:
+                y += h3 * w3
+            if KERNEL_SIZE >= 3:
+                y += h2 * w2
+            y += h1 * w1 + current * w_last
             if SILU:
                 y = y * tl.sigmoid(y)
             tl.store(out_row, y.to(out_ptr.dtype.element_ty), mask=col_mask)
@@ -344,18 +324,24 @@ def _causal_conv1d_decode_kernel(
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_mask = cols < channels
     state_ptrs = _state_row_pointers(state_ptr, slots_ptr, seq, cols, state_stride_s, state_stride_c, HAS_SLOTS)
-    _conv_rows(x_ptr, weight_ptr, bias_ptr, out_ptr, state_ptrs, x_stride_t, out_stride_t, weight_stride_c,
-               state_stride_w, seq, 1, True, tl.arange(0, 1), cols, col_mask, KERNEL_SIZE, HAS_BIAS, SILU,
-               1, BLOCK_C)
+    acc = _bias_row(bias_ptr, cols, col_mask, HAS_BIAS, BLOCK_C)
+    for j in tl.static_range(KERNEL_SIZE):
+        tap = _input_row(x_ptr, x_stride_t, state_ptrs, state_stride_w, seq, j - (KERNEL_SIZE - 1), cols, col_mask,
+                         True, KERNEL_SIZE - 1)
+        acc += tap * tl.load(weight_ptr + cols * weight_stride_c + j, mask=col_mask, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + seq.to(tl.int64) * out_stride_t + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
     _store_tail(x_ptr, state_ptr, state_ptrs, x_stride_t, state_stride_w, seq, 1, True, cols, col_mask,
                 KERNEL_SIZE, BLOCK_W)
 
 
 # The prefill launch's tiles: tokens and channels per program, its warps and loop unrolling
 # (benchmarks/kernels/bench_gated_delta.py sweeps them). Walking rows with the inputs carried in
-# registers took 215 us per Qwen3-Next layer of 16k tokens on the H200 (2026-12-02; 213-221 us at 64-256
-# tokens per program), 2.2-2.4x less than the 32 x 128 tiles reading each input once per tap (464-528
-# us; benchmarks/results/gated-delta-h200.json[2026-12-02-conv-rows]). A plain copy of the input took 137 us.
+# registers, on the H200 per Qwen3-Next layer of 16k tokens (2026-12-02): the output kernel 213-222 us
+# at 64-256 tokens per program, the whole op 223-227 us at 128, 2.1-2.3x less than with the 32 x 128
+# tiles reading each input once per tap (464-528 us; a copy of the input: 137 us;
+# benchmarks/results/gated-delta-h200.json[2026-12-02-conv-rows]).
 PREFILL_BLOCK_T = 128
 PREFILL_BLOCK_C = 1024
 PREFILL_WARPS = 4
