@@ -42,7 +42,7 @@ PREFILLS = {"16x1024": [1024] * 16, "2x8192": [8192] * 2}
 DECODE_BATCHES = (1, 64, 256)
 # Each launch's settings, swept one launch at a time.
 PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
-    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")] + [{"INVERSE_SUB": 4}]
+    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")] + [{"INVERSE_SUB": 16}]
 STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)] + [
     {"STATE_STAGES": n} for n in (2, 3)]
 # Options that change both launches: the whole op.

@@ -51,17 +51,18 @@ def test_causal_conv1d_triton_matches_torch(dtype, with_bias):
 
 
 @pytest.mark.parametrize("kernel_size", [2, 3, 4, 5])
-@pytest.mark.parametrize("channels", [CHANNELS, 1064], ids=["one_channel_block", "two_channel_blocks"])
+@pytest.mark.parametrize("channels", [CHANNELS, 1064], ids=["one_channel_block", "several_channel_blocks"])
 def test_causal_conv1d_sequences_over_several_blocks(kernel_size, channels):
     """Sequences longer than one prefill program's block of tokens (PREFILL_BLOCK_T): their blocks run
     at once, the first reads the old state (or zeros: also for sequences shorter than the kernel),
     and the new state is written only after all of them; at each kernel width the prefill kernel
     carries (2-4) and at 5, which its kernel refuses to compile, through the torch reference."""
-    from atom_kernels.short_conv import PREFILL_BLOCK_T
+    from atom_kernels.short_conv import PREFILL_BLOCK_C, PREFILL_BLOCK_T
 
     lengths = [2 * PREFILL_BLOCK_T + 2, 3, PREFILL_BLOCK_T, PREFILL_BLOCK_T + 1, 1, 2]
     has_initial = [True, True, False, True, False, False]
-    if channels > CHANNELS:  # a second channel block of the 1024-channel programs, fewer tokens
+    if channels > CHANNELS:  # channel blocks past the first, fewer tokens
+        assert channels > PREFILL_BLOCK_C
         lengths, has_initial = lengths[1:], has_initial[1:]
     x, weight, bias = conv_inputs(lengths, torch.float32, True, kernel_size, channels)
     state = initial_state(has_initial, torch.float32, kernel_size, channels)

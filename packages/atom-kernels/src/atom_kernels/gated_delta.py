@@ -59,11 +59,11 @@ WU_16BIT = True
 # lay within 3.3e-4 of IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of
 # bf16's rounding (benchmarks/results/gated-delta-h200.json[fc29ad0]). fp32 activations keep tf32x3.
 INVERSE_PRECISION_NVIDIA = "tf32"
-# Rows of the diagonal blocks the inverse's forward substitution takes, one dot per step: 16 and one
-# merge (20 dots per chunk), or 4 and two merges (12 dots). In a CPU emulation of TF32 both erred alike
-# on 200 random chunks; forms built by repeated squaring did not (gated-delta-h200.json
-# [2026-12-02-inverse-emulation]). 4 is not yet timed on a GPU: bench_gated_delta.py's sweep has it.
-INVERSE_SUB = 16
+# Rows of the diagonal blocks the inverse's forward substitution takes, one dot per step: 4 and two
+# merges (12 dots per chunk) or 16 and one (20). On the H200 4 took the prepare launch from 936-941 to
+# 807-810 us, w / u as far from IEEE (gated-delta-h200.json[2026-12-02-c7c648b-sweep]); in a CPU TF32
+# emulation both erred alike, repeated squarings did not ([2026-12-02-inverse-emulation]).
+INVERSE_SUB = 4
 
 
 @define_op
