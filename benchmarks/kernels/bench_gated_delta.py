@@ -1,5 +1,5 @@
-"""GPU benchmark: ATOM's Gated DeltaNet ops at Qwen3-Next-80B-A3B's shape (TP 1: 16 key and 32 value
-heads of 128, conv kernel 4) against the kernels vLLM's own Qwen3-Next runs (its FLA copy).
+"""GPU benchmark: ATOM's Gated DeltaNet ops at Qwen3-Next-80B-A3B's shape (TP 1) against the kernels
+vLLM's own Qwen3-Next runs (its FLA copy).
 
     python benchmarks/kernels/bench_gated_delta.py --out gated-delta.json [--rep 50] [--no-sweep]
 
@@ -9,11 +9,10 @@ Rows, bf16 activations:
 - ``decode``: ``gated_delta_rule_decode`` at batch 1, 64 and 256 on rows of a bf16 state cache
   (``state_slots``), against vLLM's ``fused_recurrent_gated_delta_rule`` on its own cache layout;
 - ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
-With the sweep (default), the prefill rows are also timed at each launch setting of the chunked
-form (PREPARE_WARPS, STATE_BLOCK_V, STATE_WARPS, STATE_STAGES, INVERSE_PRECISION_NVIDIA, INVERSE_SUB;
-the whole op with w and u in fp32, WU_16BIT off; all in atom_kernels.gated_delta) and of the conv
-prefill (PREFILL_BLOCK_T, PREFILL_BLOCK_C, PREFILL_WARPS, PREFILL_UNROLL in atom_kernels.short_conv);
-the prepare rows give how far their w and u lie from the inverse's dots in IEEE fp32.
+With the sweep (default), the prefill rows are also timed at each launch setting of SETTINGS (the
+chunked form's in atom_kernels.gated_delta, the conv prefill's in atom_kernels.short_conv; the whole op
+with w and u in fp32, WU_16BIT off); the prepare rows give how far their w and u lie from the
+inverse's dots in IEEE fp32, the others how far their output and states lie from the defaults'.
 
 Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
 and vLLM's prefill run outside CUDA graphs), the decode rows replayed from a CUDA graph. A row whose
@@ -144,12 +143,12 @@ def conv_prefill_launch(lengths: list[int]):
     state = rand(len(lengths), CONV_CHANNELS, CONV_KERNEL - 1)
     initial = torch.ones(len(lengths), dtype=torch.bool, device="cuda")
     cu = cu_seqlens(lengths)
-    return lambda: atom_kernels.causal_conv1d(x, weight, None, cu, state, initial)
+    return lambda: atom_kernels.causal_conv1d(x, weight, None, cu, state, initial), state
 
 
 def conv_rows(rep: int) -> list[dict]:
     rows = [{"op": "conv_prefill", "case": name, "tokens": sum(lengths),
-             "ours_us": timed(conv_prefill_launch(lengths), rep, True)} for name, lengths in PREFILLS.items()]
+             "ours_us": timed(conv_prefill_launch(lengths)[0], rep, True)} for name, lengths in PREFILLS.items()]
     weight = rand(CONV_CHANNELS, CONV_KERNEL, scale=0.5)
     for batch in DECODE_BATCHES:
         x = rand(batch, CONV_CHANNELS)
@@ -160,9 +159,17 @@ def conv_rows(rep: int) -> list[dict]:
     return rows
 
 
-def distance_from_ieee(launch, reference: tuple[torch.Tensor, torch.Tensor]) -> float:
-    """Largest |w - w_ieee| or |u - u_ieee| of the prepare launch, relative to the largest IEEE value."""
-    return max(((x - ref).abs().max() / ref.abs().max()).item() for x, ref in zip(launch(), reference))
+def outputs_from(launch, states: list[torch.Tensor], starts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``launch()``'s output and the states it leaves, run from ``starts`` (timed runs move states on)."""
+    for state, start in zip(states, starts):
+        state.copy_(start)
+    return [launch(), *(state.clone() for state in states)]
+
+
+def distance(outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """Largest |x - ref| over the outputs, relative to that reference's largest |ref|."""
+    return max(((x.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+               for x, ref in zip(outputs, reference))
 
 
 def defaults() -> dict:
@@ -183,13 +190,15 @@ def run_with(module, settings: dict, fn):
 
 
 def sweep_rows(rep: int) -> list[dict]:
-    """Each prefill case's launches (the delta rule's two, the conv's) at every setting of their own
-    (the others at their defaults); the prepare rows also give their w / u distance from the inverse
-    in IEEE fp32."""
+    """Each prefill case's launches at every setting of their own, the others at their defaults."""
     rows = []
     for case, lengths in PREFILLS.items():
         launches = prefill_launches(lengths)
-        launches["conv_us"] = conv_prefill_launch(lengths)
+        launches["conv_us"], conv_state = conv_prefill_launch(lengths)
+        states = {"state_pass_us": [launches["inputs"][-1]], "ours_us": [launches["inputs"][-1]],
+                  "conv_us": [conv_state]}
+        starts = {key: [state.clone() for state in held] for key, held in states.items()}
+        at_defaults = {key: outputs_from(launches[key], states[key], starts[key]) for key in states}
         reference = run_with(gated_delta, {"INVERSE_PRECISION_NVIDIA": "ieee"}, launches["prepare_us"])
         for module, key, settings_list in ((gated_delta, "prepare_us", PREPARE_SWEEP),
                                            (gated_delta, "state_pass_us", STATE_SWEEP),
@@ -200,9 +209,12 @@ def sweep_rows(rep: int) -> list[dict]:
                 row = {"op": "prefill_sweep", "case": case, **settings}
 
                 def measure():
-                    row[key] = timed(launch, rep, True)
                     if key == "prepare_us":
-                        row["rel_diff_vs_ieee"] = distance_from_ieee(launch, reference)
+                        row["rel_diff_vs_ieee"] = distance(launch(), reference)
+                    else:
+                        row["rel_diff_vs_default"] = distance(outputs_from(launch, states[key], starts[key]),
+                                                              at_defaults[key])
+                    row[key] = timed(launch, rep, True)
 
                 try:
                     run_with(module, settings, measure)
