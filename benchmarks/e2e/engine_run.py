@@ -103,7 +103,7 @@ def main() -> None:
             outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
             return sum(len(o.outputs[0].token_ids) for o in outputs)
 
-        result["throughput"] = measure_throughput(generate, args.throughput, vocab, args.warm_passes)
+        result["throughput"] = measure_throughput(generate, args.throughput, vocab, args.warm_passes, args.timed_passes)
     if args.decode_step:
         result["decode_step"] = decode_step_time(llm, *map(int, args.decode_step.split(",")), vocab)
     if args.prefix_hits:

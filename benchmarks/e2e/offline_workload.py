@@ -25,6 +25,8 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 CORRECTNESS_PROMPT_LEN = 64
 CORRECTNESS_SEED = 1
 THROUGHPUT_SEED, FIRST_PASS_SEED = 2, 3
+# Timed passes after the first take seeds from here on, apart from the warm passes' (FIRST_PASS_SEED + i).
+MORE_TIMED_SEEDS = 1000
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +40,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-passes", type=int, default=1,
                         help="untimed passes before the timed one (more where an engine compiles in the first, "
                              "e.g. vLLM alone with VLLM_DEEP_GEMM_WARMUP=skip)")
+    parser.add_argument("--timed-passes", type=int, default=1,
+                        help="timed passes, each on new prompts: their median is the result, every one is kept "
+                             "(timed_pass_output_tok_s), so an engine whose rate still moves shows it")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-cache-dtype", default="auto", help="the engine's kv_cache_dtype")
     parser.add_argument("--dtype", default="bfloat16",
@@ -91,12 +96,13 @@ def run_header(args: argparse.Namespace, engine: str, atom_disabled: bool, engin
 
 
 def measure_throughput(generate: Callable[[list[list[int]], int], int], spec: str, vocab: int,
-                       warm_passes: int = 1) -> dict:
+                       warm_passes: int = 1, timed_passes: int = 1) -> dict:
     """``spec`` = "prompts,in,out": that many random prompts of ``in`` tokens, ``out`` greedy tokens
-    each (EOS ignored), timed over one ``generate`` call after ``warm_passes`` untimed ones."""
+    each (EOS ignored), timed over ``generate`` calls (the median of ``timed_passes``) after
+    ``warm_passes`` untimed ones."""
     count, in_len, out_len = map(int, spec.split(","))
-    if warm_passes < 1:
-        raise ValueError(f"warm_passes must be at least 1, got {warm_passes}")
+    if warm_passes < 1 or timed_passes < 1:
+        raise ValueError(f"warm and timed passes must be at least 1, got {warm_passes} and {timed_passes}")
 
     def timed_pass(seed: int) -> tuple[float, int]:
         prompts = random_prompts(count, in_len, vocab, seed=seed)
@@ -109,12 +115,14 @@ def measure_throughput(generate: Callable[[list[list[int]], int], int], spec: st
     # MoE batch, say) compile outside the timed pass. The first one's time is kept as first_pass_*,
     # each one's output rate as warm_pass_output_tok_s.
     warm = [timed_pass(seed=FIRST_PASS_SEED + i) for i in range(warm_passes)]
-    elapsed, generated = timed_pass(seed=THROUGHPUT_SEED)
+    timed = [timed_pass(seed=THROUGHPUT_SEED if i == 0 else MORE_TIMED_SEEDS + i) for i in range(timed_passes)]
+    elapsed, generated = sorted(timed, key=lambda run: run[1] / run[0])[timed_passes // 2]
     return {
         "prompts": count, "input_len": in_len, "output_len": out_len, "elapsed_s": elapsed,
         "output_tok_s": generated / elapsed, "total_tok_s": (generated + count * in_len) / elapsed,
         "first_pass_elapsed_s": warm[0][0], "first_pass_output_tok_s": warm[0][1] / warm[0][0],
         "warm_pass_output_tok_s": [tokens / seconds for seconds, tokens in warm],
+        "timed_pass_output_tok_s": [tokens / seconds for seconds, tokens in timed],
     }
 
 

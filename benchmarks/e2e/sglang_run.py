@@ -122,7 +122,7 @@ def measure(engine, args: argparse.Namespace, vocab: int) -> dict:
     if args.throughput:
         measured["throughput"] = measure_throughput(
             lambda prompts, max_tokens: sum(len(o["output_ids"]) for o in generate(prompts, max_tokens)),
-            args.throughput, vocab, args.warm_passes)
+            args.throughput, vocab, args.warm_passes, args.timed_passes)
     return measured
 
 
