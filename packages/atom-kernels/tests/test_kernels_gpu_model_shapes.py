@@ -20,11 +20,8 @@ def both(op_name, *args, **kwargs):
 @pytest.mark.parametrize("num_tokens", [1, 256, 4096])
 def test_qwen3_8b_norm_rope_activation(num_tokens):
     hidden, heads, kv_heads, head_dim, inter = 4096, 32, 8, 128, 12288
-    x, residual, weight = (
-        rand(num_tokens, hidden, dtype=BF16),
-        rand(num_tokens, hidden, dtype=BF16),
-        rand(hidden, dtype=BF16),
-    )
+    x, residual = rand(num_tokens, hidden, dtype=BF16), rand(num_tokens, hidden, dtype=BF16)
+    weight = rand(hidden, dtype=BF16)
     for got, want in zip(*both("fused_add_rms_norm", x, residual, weight, 1e-6), strict=True):
         assert_close(got, want, BF16)
     from atom_kernels.rope import compute_cos_sin_cache, default_inv_freq
@@ -33,9 +30,7 @@ def test_qwen3_8b_norm_rope_activation(num_tokens):
     qkv = rand(num_tokens, (heads + 2 * kv_heads) * head_dim, dtype=BF16)
     q, k = qkv[:, : heads * head_dim], qkv[:, heads * head_dim : (heads + kv_heads) * head_dim]
     positions = torch.randint(0, 40960, (num_tokens,), device="cuda")
-    for got, want in zip(
-        *both("rotary_embedding", positions, q, k, cache, head_dim, True), strict=True
-    ):
+    for got, want in zip(*both("rotary_embedding", positions, q, k, cache, head_dim, True), strict=True):
         assert_close(got, want, BF16)
     gate_up = rand(num_tokens, 2 * inter, dtype=BF16)
     assert_close(*both("silu_and_mul", gate_up), BF16)
@@ -71,9 +66,7 @@ def test_varlen_prefill_qwen3_30b():
     q = rand(sum(lengths), 32, 128, dtype=BF16)
     k, v = rand(sum(lengths), 4, 128, dtype=BF16), rand(sum(lengths), 4, 128, dtype=BF16)
     cu = cu_seqlens(lengths)
-    assert_close(
-        *both("varlen_attention", q, k, v, cu, cu, 128**-0.5, True, None, None), BF16, "accumulated"
-    )
+    assert_close(*both("varlen_attention", q, k, v, cu, cu, 128**-0.5, True, None, None), BF16, "accumulated")
 
 
 @pytest.mark.parametrize("num_seqs, seq_len", [(1, 16384), (64, 2048)])
@@ -112,9 +105,7 @@ def test_fp8_gemms_deepseek_dims(m):
     assert_close(*both("fp8_scaled_mm", a_q, b_q, a_scale, b_scale, BF16), BF16, "accumulated")
     a_q, a_scale = impl("per_group_quant_fp8", "triton")(a)
     b_scale = torch.rand(n // 128, k // 128, device="cuda") / 100
-    assert_close(
-        *both("fp8_block_scaled_mm", a_q, b_q, a_scale, b_scale, BF16), BF16, "accumulated"
-    )
+    assert_close(*both("fp8_block_scaled_mm", a_q, b_q, a_scale, b_scale, BF16), BF16, "accumulated")
 
 
 @pytest.mark.skipif(not LIBRARY, reason="torch's FP8 library GEMMs need sm90 or newer")
@@ -140,10 +131,7 @@ def test_decode_step_captures_in_a_cuda_graph():
     value_cache = rand(num_blocks, 16, 8, 128, dtype=BF16)
     x, weight = rand(4, 2048, dtype=BF16), rand(2048, dtype=BF16)
     q = rand(4, 32, 128, dtype=BF16)
-    w13, w2 = (
-        rand(16, 512, 2048, dtype=BF16, scale=0.02),
-        rand(16, 2048, 256, dtype=BF16, scale=0.06),
-    )
+    w13, w2 = rand(16, 512, 2048, dtype=BF16, scale=0.02), rand(16, 2048, 256, dtype=BF16, scale=0.06)
     logits = rand(4, 16)
     lens = torch.tensor(seq_lens, device="cuda", dtype=torch.int32)
     cu = cu_seqlens([1] * 4)
@@ -152,9 +140,7 @@ def test_decode_step_captures_in_a_cuda_graph():
         h = impl("rms_norm", "triton")(x, weight, 1e-6)
         weights, ids = impl("topk_softmax", "triton")(logits, 4, True)
         moe = impl("fused_moe", "triton")(h, w13, w2, weights, ids)
-        attn = impl("paged_attention", "triton")(
-            q, key_cache, value_cache, cu, lens, block_table, 0.088
-        )
+        attn = impl("paged_attention", "triton")(q, key_cache, value_cache, cu, lens, block_table, 0.088)
         return moe, attn
 
     eager = step()
@@ -170,3 +156,22 @@ def test_decode_step_captures_in_a_cuda_graph():
     torch.cuda.synchronize()
     for got, want in zip(captured, eager, strict=True):
         assert_close(got, want, BF16, "accumulated")
+
+
+@pytest.mark.parametrize("lengths", [[1, 70, 1030], [4096]])
+def test_gated_delta_and_conv_qwen3_next_widths(lengths):
+    """Qwen3-Next's widths (heads of 128, 8192 conv channels), where the launch settings are tuned."""
+    import test_kernels_gated_delta as delta
+    import test_kernels_short_conv as conv
+
+    has_initial = [i % 2 == 0 for i in range(len(lengths))]
+    initial, cu = torch.tensor(has_initial, device="cuda"), cu_seqlens(lengths)
+    cases = (("gated_delta_rule", delta.gdn_inputs(lengths, 2, 4, 128, 128, BF16),
+              delta.initial_state(has_initial, 4, 128, 128)),
+             ("causal_conv1d", conv.conv_inputs(lengths, BF16, True, 4, 8192),
+              conv.initial_state(has_initial, BF16, 4, 8192)))
+    for op_name, inputs, state in cases:
+        expected_state = state.clone()
+        expected = impl(op_name, "torch")(*inputs, cu, expected_state, initial)
+        assert_close(impl(op_name, "triton")(*inputs, cu, state, initial), expected, BF16, "accumulated")
+        assert_close(state, expected_state, BF16, "accumulated")
