@@ -10,7 +10,7 @@
 # run them one call at a time.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-swap-ab mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
+steps=${*:-"kernel-tests offline serving profile compile mla kernels op-launch sweep tune fp8-offline fp8-kv-offline fp8-serving fp8-serving-opaque-ops mxfp4-offline mxfp4-120b-offline mxfp4-serving mxfp4-checkpoint-serving fp8-gemm fp8-fusion fp8-swap-ab mla-offline mla-profile mla-checkpoint-offline mla-v3-checkpoint-offline mla-v3-checkpoint-profile mla-lone-prefill-profile fp8-lone-prefill-profile fp8-lone-prefill-inductor-ops mla-serving serving-ttft hybrid-offline hybrid-checkpoint-offline hybrid-checkpoint-profile qwen3.5-checkpoint-offline hybrid-checkpoint-fp32 hybrid-bf16-noise gated-delta vllm-gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 # Per-kernel profiles of native vLLM and vLLM + ATOM: of NAME, loaded as SOURCE (--config FILE: dummy
 # weights; --checkpoint DIR), and of each named model shape. PROFILE_MODES=atom: vLLM + ATOM only;
@@ -189,6 +189,12 @@ for step in $steps; do
     hybrid-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                                  hybrid-ckpt-runs offline-hybrid-checkpoint.json \
                                  '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
+    hybrid-checkpoint-profile) tmp=$(mktemp -d)
+                               python3 "$here/e2e/random_checkpoint.py" --config "$here/models/qwen3-next-80b-a3b-16l.json" \
+                                 --out "$tmp/ckpt"
+                               ATOM_SERVE_HYBRID_ON_GPU=1 profile_source qwen3-next-80b-a3b-16l-checkpoint --checkpoint "$tmp/ckpt" \
+                                 --engine-arg 'additional_config={"gdn_prefill_backend":"triton"}'
+                               rm -rf "$tmp" ;;
     # Qwen3.5-35B-A3B's language model (the VLM checkpoint, vision tower included), its first 20 layers (5 of
     # them full attention; 35 GB on disk), served text-only (vLLM's language_model_only: no vision tower).
     qwen3.5-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 CHECKPOINT_LAYERS=20 checkpoint_offline random_checkpoint.py \

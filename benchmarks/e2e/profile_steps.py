@@ -35,6 +35,7 @@ from atom_vllm.served_by import describe_served_model  # noqa: E402
 OP_CLASSES = [
     ("moe", r"moe|expert|topk|grouped_gemm|_fused_experts"),
     ("kv_cache", r"reshape_and_cache|concat_and_cache"),
+    ("linear_attention", r"gated_delta|delta_rule|chunk_|solve_tril|inverse|recompute_w_u|conv1d|gdn|l2norm"),
     ("attention", r"flash|fmha|attention|attn|paged|merge_splits|mla"),
     ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|sm90_|wgmma|matmul"),
     ("norm", r"rms|norm"),

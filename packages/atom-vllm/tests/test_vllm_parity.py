@@ -1,9 +1,6 @@
-"""Greedy parity through the real vLLM engine (CPU build): vLLM+ATOM == vLLM alone == HF transformers.
-
-Tiny random fp32 models with odd sizes and GQA; prompts of different lengths (1 to 70 tokens); 32 new
-tokens each. Every run also reports which classes served it, so the tests prove ATOM was (or was not)
-in the path.
-"""
+"""Greedy parity in vLLM (CPU): vLLM+ATOM == vLLM alone == HF transformers, on tiny
+random fp32 models (odd sizes, GQA), prompts of 1-70 tokens, 32 new tokens each, with the classes that
+served each."""
 
 import random
 
@@ -14,22 +11,18 @@ pytestmark = pytest.mark.vllm
 
 ARCHITECTURES = ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
 MAX_TOKENS = 32
-ATOM_WRAPPERS = {
-    "Qwen3ForCausalLM": "atom_vllm.model_wrapper.ATOMForCausalLM",
-    "Qwen3MoeForCausalLM": "atom_vllm.model_wrapper.ATOMMoEForCausalLM",
-}
+ATOM_WRAPPERS = {"Qwen3ForCausalLM": "atom_vllm.model_wrapper.ATOMForCausalLM",
+                 "Qwen3MoeForCausalLM": "atom_vllm.model_wrapper.ATOMMoEForCausalLM"}
 ATOM_IMPL = "atom_vllm.attention.mha.ATOMAttentionImpl"
 VLLM_CPU_IMPL = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl"
 
 
 def make_prompts() -> tuple[list[list[int]], list[list[int]]]:
-    """Phase 1: prompts of varied length. Phase 2: prompts sharing phase 1's 48-token prefix."""
+    """Phase 1: prompts of varied length; phase 2: prompts with phase 1's 48-token prefix."""
     rng = random.Random(0)
     tokens = lambda n: [rng.randrange(4, 499) for _ in range(n)]  # noqa: E731
     shared = tokens(48)
-    phase1 = [tokens(5), tokens(1), tokens(23), shared + tokens(22)]
-    phase2 = [shared + tokens(3), shared + tokens(17)]
-    return phase1, phase2
+    return [tokens(5), tokens(1), tokens(23), shared + tokens(22)], [shared + tokens(3), shared + tokens(17)]
 
 
 def parity_case(tiny_model_dir, architecture: str):
@@ -45,7 +38,7 @@ def case(request, tiny_model_dir):
 
 
 def tokens_of(result) -> list[list[int]]:
-    return [o["tokens"] for phase in result["phases"] for o in phase]
+    return [o["tokens"] for p in result["phases"] for o in p]
 
 
 def test_atom_matches_hf_with_prefix_cache(case):
@@ -56,7 +49,7 @@ def test_atom_matches_hf_with_prefix_cache(case):
     assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
     assert "INFO atom: Use atom attention backend" in result["log"]
     assert tokens_of(result) == expected
-    # Phase 2 prompts share a 48-token prefix with phase 1: vLLM served them from its prefix cache.
+    # Phase 2 shares phase 1's 48-token prefix: served from vLLM's prefix cache.
     assert all(o["num_cached_tokens"] >= 32 for o in result["phases"][1])
 
 
@@ -80,7 +73,7 @@ def test_atom_model_on_vllm_attention(case):
 
 def test_atom_with_forced_chunked_prefill(case):
     architecture, model, phases, expected = case
-    # 16-token steps: the 70-token prompt is prefilled in 5 chunks while others decode alongside.
+    # 16-token steps: the 70-token prompt prefills in 5 chunks, others decoding.
     result = run_vllm(model, phases, MAX_TOKENS,
                       llm_kwargs={"max_num_batched_tokens": 16, "enable_chunked_prefill": True})
     assert result["served_by"]["attention_impls"] == [ATOM_IMPL]
@@ -89,9 +82,8 @@ def test_atom_with_forced_chunked_prefill(case):
 
 def test_unsupported_architecture_falls_back_to_vllm(tiny_model_dir):
     model = tiny_model_dir("Qwen2ForCausalLM")
-    phase1, _ = make_prompts()
+    phase1 = make_prompts()[0]
     result = run_vllm(model, [phase1], MAX_TOKENS)
-    assert result["served_by"]["model_class"] == "vllm.model_executor.models.qwen2.Qwen2ForCausalLM"
-    assert ("INFO atom: Architecture Qwen2ForCausalLM is not implemented by ATOM; "
-            "vLLM's own model serves it") in result["log"]
+    assert result["served_by"]["model_class"].endswith("models.qwen2.Qwen2ForCausalLM")
+    assert "Qwen2ForCausalLM is not implemented by ATOM; vLLM's own model serves it" in result["log"]
     assert tokens_of(result) == hf_greedy(model, phase1, MAX_TOKENS)

@@ -36,34 +36,34 @@ from atom_kernels.triton_utils import (
 
 L2NORM_EPS = tl.constexpr(1e-6)
 CHUNK_SIZE = 64
-# Launch settings of the chunked form's two kernels (benchmarks/kernels/bench_gated_delta.py sweeps
-# them). The state pass's loop over chunks in one pipeline stage: its loads are not overlapped with
-# the chunk before. Built for sm90 at K = V = 128 it asks 112 KiB of shared memory with one stage,
-# 168.5 KiB with two and 224.8 KiB with three (w and u in 16 bits; in fp32: 224.5 and 304.75 KiB,
-# the last past Hopper's 227 KiB). On an H200 two stages made the state pass 1.33x slower at 16 x 1024
-# tokens and 0.91x at 2 x 8192, three 1.39x / 0.96x (gated-delta-h200.json[1ca1f35-state-stages]): one
-# stays. The prepare kernel takes one chunk a program: nothing to pipeline.
+# Launch settings of the two kernels (bench_gated_delta.py sweeps them). The state pass runs its chunk
+# loop in one pipeline stage: at K = V = 128 on sm90 it asks 112 KiB of shared memory (two stages 168.5,
+# three 224.8; in fp32 w / u 224.5 and 304.75). On an H200 two stages took 1.33x the time at 16 x 1024
+# tokens and 0.91x at 2 x 8192, three 1.39x / 0.96x (gated-delta-h200.json[1ca1f35-state-stages]).
+# The prepare kernel takes one chunk a program.
 PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 STATE_STAGES = 1
-# w and u between the two launches in the activations' 16-bit type, as FLA keeps them, instead of fp32:
-# half their memory traffic (each 268 MB per Qwen3-Next layer of 16k tokens in fp32). On the H200 at
-# cf4c7d6 the whole op took 2.02 ms against 2.20 in fp32 for 16 x 1024 tokens, level for 2 x 8192
-# (benchmarks/results/gated-delta-h200.json[cf4c7d6]). The state pass in two launches as FLA runs it
-# (each chunk's entering state and v' stored, then every chunk's output at once) measured level or
-# slower there and was removed.
+# w and u between the two launches in the activations' 16-bit type, as FLA keeps them, not fp32: half
+# their traffic. On the H200 at cf4c7d6 the whole op took 2.02 ms against 2.20 in fp32 at 16 x 1024
+# tokens, level at 2 x 8192 (gated-delta-h200.json[cf4c7d6]). The state pass in two launches as FLA
+# runs it (each chunk's entering state and v' stored, then all outputs at once) was no faster there.
 WU_16BIT = True
-# The prepare launch's inverse dots on NVIDIA GPUs for 16-bit activations. One TF32 pass: on the H200
-# at fc29ad0 it took 0.99 ms per Qwen3-Next layer against 2.52 ms for three (tf32x3), and its w / u
-# lay within 3.3e-4 of IEEE fp32's (relative to their largest value; tf32x3: 8.1e-5), a tenth of
-# bf16's rounding (benchmarks/results/gated-delta-h200.json[fc29ad0]). fp32 activations keep tf32x3.
+# The prepare launch's inverse dots on NVIDIA GPUs for 16-bit activations: one TF32 pass took 0.99 ms
+# per Qwen3-Next layer on the H200 at fc29ad0, three (tf32x3) 2.52, and its w / u lay within 3.3e-4 of
+# IEEE's (tf32x3: 8.1e-5), a tenth of bf16's rounding (gated-delta-h200.json[fc29ad0]). fp32
+# activations keep tf32x3.
 INVERSE_PRECISION_NVIDIA = "tf32"
 # Rows of the diagonal blocks the inverse's forward substitution takes, one dot per step: 4 and two
 # merges (12 dots per chunk) or 16 and one (20). On the H200 4 took the prepare launch from 936-941 to
 # 807-810 us, w / u as far from IEEE (gated-delta-h200.json[2026-12-02-c7c648b-sweep]); in a CPU TF32
-# emulation both erred alike, repeated squarings did not ([2026-12-02-inverse-emulation]).
+# emulation both erred alike ([2026-12-02-inverse-emulation]).
 INVERSE_SUB = 4
+# The state pass's dots on operands in the 16-bit activations' type (fp32 sums), as FLA has them, not
+# TF32 on fp32. Off: 952 against 1053 us at 16 x 1024 tokens and BLOCK_V 64, but an illegal memory
+# access at BLOCK_V 32 (H200, 2026-12-02).
+STATE_DOT_16BIT = False
 
 
 @define_op
@@ -99,17 +99,8 @@ def gated_delta_rule_decode(
     of each sequence's state (row ``i`` of ``state``, or row ``state_slots[i]``), in place."""
 
 
-def _check_args(
-    op: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    num_seqs: int,
-    state_slots: torch.Tensor | None,
-) -> None:
+def _check_args(op: str, q, k, v, g, beta, state: torch.Tensor, num_seqs: int,
+                state_slots: torch.Tensor | None) -> None:
     if q.dim() != 3 or v.dim() != 3:
         raise ValueError(
             f"{op}: q must be [num_tokens, num_k_heads, head_k_dim] and v [num_tokens, num_v_heads, "
@@ -356,12 +347,18 @@ def _gated_delta_chunk_prepare_kernel(
 
 
 @triton.jit
-def _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION: tl.constexpr):
+def _dot(a, b, PRECISION: tl.constexpr, OPERAND: tl.constexpr):
+    """a b, summed in fp32, on operands cast to OPERAND (see STATE_DOT_16BIT)."""
+    return tl.dot(a.to(OPERAND), b.to(OPERAND), input_precision=PRECISION)
+
+
+@triton.jit
+def _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION: tl.constexpr, OPERAND: tl.constexpr):
     """o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v' of one chunk (q scaled), in fp32."""
     decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-    qk = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * decay, 0.0)
-    o = tl.dot(q * tl.exp(G)[:, None], S, input_precision=DOT_PRECISION)
-    return o + tl.dot(qk, v_new, input_precision=DOT_PRECISION)
+    qk = tl.where(causal, _dot(q, tl.trans(k), DOT_PRECISION, OPERAND) * decay, 0.0)
+    o = _dot(q * tl.exp(G)[:, None], S, DOT_PRECISION, OPERAND)
+    return o + _dot(qk, v_new, DOT_PRECISION, OPERAND)
 
 
 @triton.jit(do_not_specialize_on_alignment=["slots_ptr", "cu_seqlens_ptr", "has_initial_state_ptr", "g_ptr"])
@@ -397,11 +394,13 @@ def _gated_delta_chunk_state_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DOT_16BIT: tl.constexpr,
 ):
     """The state pass: one program per (sequence, value head, block of value columns) walks its
     chunks in order, carrying its slice of S [K, BLOCK_V] (the columns of S are independent):
     v' = u - w S, o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v',
     S = exp(G_last) S + (exp(G_last - G) k)^T v'."""
+    operand: tl.constexpr = q_ptr.dtype.element_ty if DOT_16BIT else tl.float32
     seq = tl.program_id(0)
     head = tl.program_id(1)
     key_head = head // group
@@ -426,15 +425,15 @@ def _gated_delta_chunk_state_kernel(
         w = tl.load(w_ptr + w_offs, mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
         u = tl.load(u_ptr + u_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-        v_new = u - tl.dot(w, S, input_precision=DOT_PRECISION)
+        v_new = u - _dot(w, S, DOT_PRECISION, operand)
         q = _load_query_key(q_ptr + key_head * q_stride_h, tokens, row_mask, q_stride_t, k_cols, k_mask,
                             USE_QK_L2NORM) * scale
-        o = _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION)
+        o = _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION, operand)
         out_offs = tokens.to(tl.int64)[:, None] * out_stride_t + head * HEAD_V + v_cols[None, :]
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
 
         k_to_end = k * tl.exp(G_last - G)[:, None]
-        S = S * tl.exp(G_last) + tl.dot(tl.trans(k_to_end), v_new, input_precision=DOT_PRECISION)
+        S = S * tl.exp(G_last) + _dot(tl.trans(k_to_end), v_new, DOT_PRECISION, operand)
     tl.store(state_ptrs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
 
 
@@ -561,7 +560,8 @@ def state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2nor
         *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
         out.stride(0), state.stride(0), head_k_dim**-0.5, HEAD_K=head_k_dim, HEAD_V=head_v_dim,
         USE_QK_L2NORM=use_qk_l2norm, HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k,
-        BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), num_warps=STATE_WARPS, num_stages=STATE_STAGES,
+        BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), DOT_16BIT=STATE_DOT_16BIT,
+        num_warps=STATE_WARPS, num_stages=STATE_STAGES,
     )
     return out
 
@@ -583,8 +583,6 @@ def gated_delta_rule_triton(
     part at once (:func:`prepare_chunks`: the inverse T, then u and w, kept per token in the 16-bit
     activations' type, else in fp32; see WU_16BIT), then :func:`state_pass`, one program per
     (sequence, head, block of value columns) walking its chunks in order.
-
-    Long sequences' state passes are split only over value-column blocks.
     """
     num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs, state_slots)
