@@ -36,34 +36,29 @@ from atom_kernels.triton_utils import (
 
 L2NORM_EPS = tl.constexpr(1e-6)
 CHUNK_SIZE = 64
-# Launch settings of the two kernels (bench_gated_delta.py sweeps them). The state pass runs its chunk
-# loop in one pipeline stage: at K = V = 128 on sm90 it asks 112 KiB of shared memory (two stages 168.5,
-# three 224.8; in fp32 w / u 224.5 and 304.75). On an H200 two stages took 1.33x the time at 16 x 1024
-# tokens and 0.91x at 2 x 8192, three 1.39x / 0.96x (gated-delta-h200.json[1ca1f35-state-stages]).
-# The prepare kernel takes one chunk a program.
+# Launch settings (bench_gated_delta.py sweeps them). The state pass loops over chunks in one pipeline
+# stage: two / three took 1.33x / 1.39x the time at 16 x 1024 tokens on an H200, 0.91x / 0.96x at
+# 2 x 8192 (gated-delta-h200.json[1ca1f35-state-stages], TF32 dots). The prepare kernel takes one chunk.
 PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 STATE_STAGES = 1
-# w and u between the two launches in the activations' 16-bit type, as FLA keeps them, not fp32: half
-# their traffic. On the H200 at cf4c7d6 the whole op took 2.02 ms against 2.20 in fp32 at 16 x 1024
-# tokens, level at 2 x 8192 (gated-delta-h200.json[cf4c7d6]). The state pass in two launches as FLA
-# runs it (each chunk's entering state and v' stored, then all outputs at once) was no faster there.
+# w and u between the launches in the activations' 16-bit type, as FLA keeps them: 2.02 against 2.20 ms
+# in fp32 at 16 x 1024 tokens, level at 2 x 8192 (gated-delta-h200.json[cf4c7d6]).
 WU_16BIT = True
-# The prepare launch's inverse dots on NVIDIA GPUs for 16-bit activations: one TF32 pass took 0.99 ms
-# per Qwen3-Next layer on the H200 at fc29ad0, three (tf32x3) 2.52, and its w / u lay within 3.3e-4 of
-# IEEE's (tf32x3: 8.1e-5), a tenth of bf16's rounding (gated-delta-h200.json[fc29ad0]). fp32
+# The inverse's dots for 16-bit activations on NVIDIA GPUs: one TF32 pass, 0.99 ms a layer against 2.52
+# for tf32x3, w / u within 3.3e-4 of IEEE's (tf32x3: 8.1e-5; gated-delta-h200.json[fc29ad0]). fp32
 # activations keep tf32x3.
 INVERSE_PRECISION_NVIDIA = "tf32"
-# Rows of the diagonal blocks the inverse's forward substitution takes, one dot per step: 4 and two
-# merges (12 dots per chunk) or 16 and one (20). On the H200 4 took the prepare launch from 936-941 to
-# 807-810 us, w / u as far from IEEE (gated-delta-h200.json[2026-12-02-c7c648b-sweep]); in a CPU TF32
-# emulation both erred alike ([2026-12-02-inverse-emulation]).
+# Rows of the inverse's forward-substitution blocks: 4 and two merges (12 dots a chunk) or 16 and one
+# (20). 4 took the prepare launch from 936-941 to 807-810 us, w / u as far from IEEE
+# (gated-delta-h200.json[2026-12-02-c7c648b-sweep], [2026-12-02-inverse-emulation]).
 INVERSE_SUB = 4
 # The state pass's dots on operands in the 16-bit activations' type (fp32 sums), as FLA has them, not
-# TF32 on fp32. Off: 952 against 1053 us at 16 x 1024 tokens and BLOCK_V 64, but an illegal memory
-# access at BLOCK_V 32 (H200, 2026-12-02).
-STATE_DOT_16BIT = False
+# TF32 on fp32, where BLOCK_V >= 64 (at 32 with K 128 sm90's results came out wrong). On an H200 at
+# Qwen3-Next's shape: 529 / 822 us against 1191 / 1390 (16 x 1024 / 2 x 8192 tokens), about as close
+# to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
+STATE_DOT_16BIT = True
 
 
 @define_op
@@ -206,13 +201,26 @@ def gated_delta_rule_decode_torch(
 
 
 @triton.jit
-def _load_query_key(ptr, rows, row_mask, stride_t, cols, col_mask, USE_QK_L2NORM: tl.constexpr):
-    """fp32 [len(rows), BLOCK_K] rows of q or k, L2-normalised when asked (masked entries 0)."""
+def _load_rows(ptr, rows, row_mask, stride_t, cols, col_mask):
+    """[len(rows), BLOCK] rows as stored (masked entries 0)."""
     offs = rows.to(tl.int64)[:, None] * stride_t + cols[None, :]
-    x = tl.load(ptr + offs, mask=row_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+    return tl.load(ptr + offs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _inverse_norms(x, ROWS: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """fp32 [ROWS]: each row's 1 / L2 norm when asked, else ones. The chunk kernels scale dot results
+    by them, not the operands, keeping q and k 16-bit (fewer registers)."""
     if USE_QK_L2NORM:
-        x = x * tl.rsqrt(tl.sum(x * x, axis=1) + L2NORM_EPS)[:, None]
-    return x
+        return tl.rsqrt(tl.sum(x.to(tl.float32) * x.to(tl.float32), axis=1) + L2NORM_EPS)
+    return tl.full([ROWS], 1.0, tl.float32)
+
+
+@triton.jit
+def _load_query_key(ptr, rows, row_mask, stride_t, cols, col_mask, USE_QK_L2NORM: tl.constexpr):
+    """fp32 [1, BLOCK_K] row of q or k, L2-normalised when asked (masked entries 0)."""
+    x = _load_rows(ptr, rows, row_mask, stride_t, cols, col_mask)
+    return x.to(tl.float32) * _inverse_norms(x, 1, USE_QK_L2NORM)[:, None]
 
 
 @triton.jit
@@ -248,6 +256,12 @@ def _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head):
     """Cumulative log decays G [CHUNK] within the chunk and their total G_last."""
     g = tl.load(g_ptr + tokens.to(tl.int64) * g_stride_t + head, mask=row_mask, other=0.0).to(tl.float32)
     return tl.cumsum(g, axis=0), tl.sum(g, axis=0)
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, OPERAND: tl.constexpr):
+    """a b, summed in fp32, on operands cast to OPERAND (see STATE_DOT_16BIT)."""
+    return tl.dot(a.to(OPERAND), b.to(OPERAND), input_precision=PRECISION)
 
 
 @triton.jit
@@ -325,21 +339,21 @@ def _gated_delta_chunk_prepare_kernel(
         rows, row_mask, tokens = _chunk_rows(start, first, length, CHUNK)
         k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
         v_cols, v_mask = _columns(0, BLOCK_V, HEAD_V)
-        k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
-                            k_mask, USE_QK_L2NORM)
-        v_offs = tokens.to(tl.int64)[:, None] * v_stride_t + head * v_stride_h + v_cols[None, :]
-        v = tl.load(v_ptr + v_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+        k = _load_rows(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols, k_mask)
+        k_norm = _inverse_norms(k, CHUNK, USE_QK_L2NORM)
         beta = tl.load(beta_ptr + tokens.to(tl.int64) * beta_stride_t + head, mask=row_mask,
                        other=0.0).to(tl.float32)
         G, _ = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
         strictly_lower = rows[:, None] > rows[None, :]
         # exp of masked (i <= j) differences could overflow: mask before exp.
         decay = tl.exp(tl.where(strictly_lower, G[:, None] - G[None, :], float("-inf")))
-        kk = tl.dot(k, tl.trans(k), input_precision=INVERSE_PRECISION)
+        kk = _dot(k, tl.trans(k), INVERSE_PRECISION, tl.float32) * (k_norm[:, None] * k_norm[None, :])
         A = tl.where(strictly_lower, kk * decay * beta[:, None], 0.0)
         T = _unit_lower_inverse(A, rows, CHUNK, INVERSE_SUB, INVERSE_PRECISION)
-        u = tl.dot(T, v * beta[:, None], input_precision=DOT_PRECISION)
-        w = tl.dot(T, k * (beta * tl.exp(G))[:, None], input_precision=DOT_PRECISION)
+        # u = T (beta v), w = T (beta exp(G) k / |k|), with the row factors on T's columns.
+        v = _load_rows(v_ptr + head * v_stride_h, tokens, row_mask, v_stride_t, v_cols, v_mask)
+        u = _dot(T * beta[None, :], v, DOT_PRECISION, tl.float32)
+        w = _dot(T * (beta * tl.exp(G) * k_norm)[None, :], k, DOT_PRECISION, tl.float32)
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
         tl.store(u_ptr + u_offs, u.to(u_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
         w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
@@ -347,17 +361,15 @@ def _gated_delta_chunk_prepare_kernel(
 
 
 @triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, OPERAND: tl.constexpr):
-    """a b, summed in fp32, on operands cast to OPERAND (see STATE_DOT_16BIT)."""
-    return tl.dot(a.to(OPERAND), b.to(OPERAND), input_precision=PRECISION)
-
-
-@triton.jit
-def _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION: tl.constexpr, OPERAND: tl.constexpr):
-    """o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v' of one chunk (q scaled), in fp32."""
+def _chunk_output(q, q_norm, k, k_norm, G, S, v_new, CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  OPERAND: tl.constexpr):
+    """o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v' of one chunk, in fp32, with q and k
+    multiplied by their row factors q_norm and k_norm."""
+    causal = tl.arange(0, CHUNK)[:, None] >= tl.arange(0, CHUNK)[None, :]
     decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-    qk = tl.where(causal, _dot(q, tl.trans(k), DOT_PRECISION, OPERAND) * decay, 0.0)
-    o = _dot(q * tl.exp(G)[:, None], S, DOT_PRECISION, OPERAND)
+    qk = _dot(q, tl.trans(k), DOT_PRECISION, OPERAND) * (q_norm[:, None] * k_norm[None, :])
+    qk = tl.where(causal, qk * decay, 0.0)
+    o = _dot(q, S, DOT_PRECISION, OPERAND) * (q_norm * tl.exp(G))[:, None]
     return o + _dot(qk, v_new, DOT_PRECISION, OPERAND)
 
 
@@ -414,26 +426,22 @@ def _gated_delta_chunk_state_kernel(
     has_initial = tl.load(has_initial_state_ptr + seq) != 0
     S = tl.load(state_ptrs, mask=state_mask & has_initial, other=0.0).to(tl.float32)
 
-    rows = tl.arange(0, CHUNK)
-    causal = rows[:, None] >= rows[None, :]
     for chunk_start in range(0, length, CHUNK):
         _, row_mask, tokens = _chunk_rows(start, chunk_start, length, CHUNK)
-        k = _load_query_key(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols,
-                            k_mask, USE_QK_L2NORM)
         G, G_last = _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head)
-        w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
-        w = tl.load(w_ptr + w_offs, mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
-        u = tl.load(u_ptr + u_offs, mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
-        v_new = u - _dot(w, S, DOT_PRECISION, operand)
-        q = _load_query_key(q_ptr + key_head * q_stride_h, tokens, row_mask, q_stride_t, k_cols, k_mask,
-                            USE_QK_L2NORM) * scale
-        o = _chunk_output(q, k, G, S, v_new, causal, DOT_PRECISION, operand)
+        w = _load_rows(w_ptr + head * w_stride_h, tokens, row_mask, w_stride_t, k_cols, k_mask)
+        u = _load_rows(u_ptr + head * u_stride_h, tokens, row_mask, u_stride_t, v_cols, v_mask)
+        v_new = u.to(tl.float32) - _dot(w, S, DOT_PRECISION, operand)
+        k = _load_rows(k_ptr + key_head * k_stride_h, tokens, row_mask, k_stride_t, k_cols, k_mask)
+        q = _load_rows(q_ptr + key_head * q_stride_h, tokens, row_mask, q_stride_t, k_cols, k_mask)
+        k_norm = _inverse_norms(k, CHUNK, USE_QK_L2NORM)
+        q_norm = _inverse_norms(q, CHUNK, USE_QK_L2NORM) * scale
+        o = _chunk_output(q, q_norm, k, k_norm, G, S, v_new, CHUNK, DOT_PRECISION, operand)
         out_offs = tokens.to(tl.int64)[:, None] * out_stride_t + head * HEAD_V + v_cols[None, :]
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
-
-        k_to_end = k * tl.exp(G_last - G)[:, None]
-        S = S * tl.exp(G_last) + _dot(tl.trans(k_to_end), v_new, DOT_PRECISION, operand)
+        # (exp(G_last - G) k / |k|)^T v' as k^T (v' times row factors)
+        v_to_end = v_new * (k_norm * tl.exp(G_last - G))[:, None]
+        S = S * tl.exp(G_last) + _dot(tl.trans(k), v_to_end, DOT_PRECISION, operand)
     tl.store(state_ptrs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
 
 
@@ -560,30 +568,18 @@ def state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2nor
         *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
         out.stride(0), state.stride(0), head_k_dim**-0.5, HEAD_K=head_k_dim, HEAD_V=head_v_dim,
         USE_QK_L2NORM=use_qk_l2norm, HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k,
-        BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), DOT_16BIT=STATE_DOT_16BIT,
+        BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), DOT_16BIT=STATE_DOT_16BIT and block_v >= 64,
         num_warps=STATE_WARPS, num_stages=STATE_STAGES,
     )
     return out
 
 
 @gated_delta_rule.register("triton")
-def gated_delta_rule_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    state: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    use_qk_l2norm: bool = True,
-    state_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The chunked form, CHUNK_SIZE tokens per chunk, in two launches: every chunk's state-free
-    part at once (:func:`prepare_chunks`: the inverse T, then u and w, kept per token in the 16-bit
-    activations' type, else in fp32; see WU_16BIT), then :func:`state_pass`, one program per
-    (sequence, head, block of value columns) walking its chunks in order.
-    """
+def gated_delta_rule_triton(q, k, v, g, beta, cu_seqlens, state: torch.Tensor, has_initial_state: torch.Tensor,
+                            use_qk_l2norm: bool = True, state_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """The chunked form, CHUNK_SIZE tokens a chunk, in two launches: every chunk's state-free part at
+    once (:func:`prepare_chunks`), then :func:`state_pass`, one program per (sequence, head, block of
+    value columns) walking its chunks in order."""
     num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs, state_slots)
     check_same_device(q=q, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
@@ -595,16 +591,8 @@ def gated_delta_rule_triton(
 
 
 @gated_delta_rule_decode.register("triton")
-def gated_delta_rule_decode_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    use_qk_l2norm: bool = True,
-    state_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def gated_delta_rule_decode_triton(q, k, v, g, beta, state: torch.Tensor, use_qk_l2norm: bool = True,
+                                   state_slots: torch.Tensor | None = None) -> torch.Tensor:
     _check_args("gated_delta_rule_decode", q, k, v, g, beta, state, q.shape[0], state_slots)
     _check_layout("gated_delta_rule_decode", q, k, v, g, beta, state)
     num_k_heads, head_k_dim = q.shape[1:]
