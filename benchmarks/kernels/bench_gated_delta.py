@@ -1,5 +1,5 @@
 """GPU benchmark: ATOM's Gated DeltaNet ops at Qwen3-Next-80B-A3B's shape (TP 1) against the kernels
-vLLM's own Qwen3-Next runs (its FLA copy).
+vLLM's Qwen3-Next runs (FLA's).
 
     python benchmarks/kernels/bench_gated_delta.py --out gated-delta.json [--rep 50] [--no-sweep]
 
@@ -8,15 +8,15 @@ Rows, bf16 activations:
   its two launches (``prepare_chunks``, ``state_pass``), against vLLM's ``chunk_gated_delta_rule``;
 - ``decode``: ``gated_delta_rule_decode`` at batch 1, 64 and 256 on rows of a bf16 state cache
   (``state_slots``), against vLLM's ``fused_recurrent_gated_delta_rule`` on its own cache layout;
-- ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``causal_conv1d_decode`` (ours only).
+- ``conv_prefill`` / ``conv_decode``: ``causal_conv1d`` / ``_decode`` (ours only).
 With the sweep (default), the prefill rows are also timed at each launch setting of SETTINGS (the
 chunked form's in atom_kernels.gated_delta, the conv prefill's in atom_kernels.short_conv; the whole op
 with w and u in fp32, WU_16BIT off); the prepare rows give how far their w and u lie from the
 inverse's dots in IEEE fp32, the others how far their output and states lie from the defaults'.
 
-Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (ATOM's
-and vLLM's prefill run outside CUDA graphs), the decode rows replayed from a CUDA graph. A row whose
-vLLM kernel fails records the error. Without a CUDA GPU it says so and exits 0, writing nothing.
+Times (microseconds) are ``bench_kernels.time_kernel``'s medians, the prefill rows eager (as both
+engines run prefills), the decode rows CUDA-graph replays. A row whose
+vLLM kernel fails records the error. Without a CUDA GPU it says so and writes nothing.
 """
 
 from __future__ import annotations
@@ -41,16 +41,17 @@ PREFILLS = {"16x1024": [1024] * 16, "2x8192": [8192] * 2}
 DECODE_BATCHES = (1, 64, 256)
 # Each launch's settings, swept one launch at a time.
 PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
-    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")] + [{"INVERSE_SUB": 16}]
-STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (32, 64, 128) for w in (4, 8)] + [
-    {"STATE_STAGES": n} for n in (2, 3)]
+    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")] + [{"INVERSE_SUB": 16}, {"PREPARE_DOT_16BIT": True}]
+STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (64, 128) for w in (4, 8)] + [
+    {"STATE_STAGES": n} for n in (2, 3)] + [{"STATE_DOT_16BIT": False}]
 # Options that change both launches: the whole op.
 WHOLE_OP_SWEEP = [{"WU_16BIT": False}]
 CONV_SWEEP = [{"PREFILL_BLOCK_T": t, "PREFILL_BLOCK_C": c, "PREFILL_WARPS": w}
               for t in (64, 128, 256) for c in (512, 1024, 2048) for w in (4, 8)] + [
     {"PREFILL_UNROLL": u} for u in (4, 16)]
 SETTINGS = {gated_delta: ("PREPARE_WARPS", "STATE_BLOCK_V", "STATE_WARPS", "STATE_STAGES",
-                          "INVERSE_PRECISION_NVIDIA", "INVERSE_SUB", "WU_16BIT"),
+                          "INVERSE_PRECISION_NVIDIA", "INVERSE_SUB", "WU_16BIT", "STATE_DOT_16BIT",
+                          "PREPARE_DOT_16BIT"),
             short_conv: ("PREFILL_BLOCK_T", "PREFILL_BLOCK_C", "PREFILL_WARPS", "PREFILL_UNROLL")}
 
 

@@ -54,11 +54,13 @@ INVERSE_PRECISION_NVIDIA = "tf32"
 # (20). 4 took the prepare launch from 936-941 to 807-810 us, w / u as far from IEEE
 # (gated-delta-h200.json[2026-12-02-c7c648b-sweep], [2026-12-02-inverse-emulation]).
 INVERSE_SUB = 4
-# The state pass's dots on operands in the 16-bit activations' type (fp32 sums), as FLA has them, not
-# TF32 on fp32, where BLOCK_V >= 64 (at 32 with K 128 sm90's results came out wrong). On an H200 at
-# Qwen3-Next's shape: 529 / 822 us against 1191 / 1390 (16 x 1024 / 2 x 8192 tokens), about as close
-# to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
+# The state pass's dots on 16-bit operands (fp32 sums), as FLA has them, not TF32, where BLOCK_V >= 64
+# (at 32 with K 128 sm90 gave wrong values): 529 / 822 us against 1191 / 1390 on an H200, as close to
+# the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
+# The prepare launch's dots likewise (T rounded to 16 bits, as FLA stores it): 48 bytes of sm90 stack,
+# not 104. Off: not yet run on a GPU.
+PREPARE_DOT_16BIT = False
 
 
 @define_op
@@ -209,8 +211,8 @@ def _load_rows(ptr, rows, row_mask, stride_t, cols, col_mask):
 
 @triton.jit
 def _inverse_norms(x, ROWS: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """fp32 [ROWS]: each row's 1 / L2 norm when asked, else ones. The chunk kernels scale dot results
-    by them, not the operands, keeping q and k 16-bit (fewer registers)."""
+    """fp32 [ROWS]: each row's 1 / L2 norm when asked, else ones; the chunk kernels scale dot results
+    by them, keeping q and k 16-bit (fewer registers)."""
     if USE_QK_L2NORM:
         return tl.rsqrt(tl.sum(x.to(tl.float32) * x.to(tl.float32), axis=1) + L2NORM_EPS)
     return tl.full([ROWS], 1.0, tl.float32)
@@ -307,16 +309,8 @@ def _gated_delta_chunk_prepare_kernel(
     cu_seqlens_ptr,
     num_seqs,
     group,
-    k_stride_t,
-    k_stride_h,
-    v_stride_t,
-    v_stride_h,
-    g_stride_t,
-    beta_stride_t,
-    w_stride_t,
-    w_stride_h,
-    u_stride_t,
-    u_stride_h,
+    k_stride_t, k_stride_h, v_stride_t, v_stride_h, g_stride_t, beta_stride_t,
+    w_stride_t, w_stride_h, u_stride_t, u_stride_h,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
@@ -326,6 +320,7 @@ def _gated_delta_chunk_prepare_kernel(
     DOT_PRECISION: tl.constexpr,
     INVERSE_PRECISION: tl.constexpr,
     INVERSE_SUB: tl.constexpr,
+    DOT_16BIT: tl.constexpr,
 ):
     """The state-free part of a chunk, for every chunk of every sequence at once (one program per
     chunk and value head): with cumulative log decays G over the chunk,
@@ -347,13 +342,14 @@ def _gated_delta_chunk_prepare_kernel(
         strictly_lower = rows[:, None] > rows[None, :]
         # exp of masked (i <= j) differences could overflow: mask before exp.
         decay = tl.exp(tl.where(strictly_lower, G[:, None] - G[None, :], float("-inf")))
-        kk = _dot(k, tl.trans(k), INVERSE_PRECISION, tl.float32) * (k_norm[:, None] * k_norm[None, :])
+        operand: tl.constexpr = k_ptr.dtype.element_ty if DOT_16BIT else tl.float32
+        kk = _dot(k, tl.trans(k), INVERSE_PRECISION, operand) * (k_norm[:, None] * k_norm[None, :])
         A = tl.where(strictly_lower, kk * decay * beta[:, None], 0.0)
         T = _unit_lower_inverse(A, rows, CHUNK, INVERSE_SUB, INVERSE_PRECISION)
         # u = T (beta v), w = T (beta exp(G) k / |k|), with the row factors on T's columns.
         v = _load_rows(v_ptr + head * v_stride_h, tokens, row_mask, v_stride_t, v_cols, v_mask)
-        u = _dot(T * beta[None, :], v, DOT_PRECISION, tl.float32)
-        w = _dot(T * (beta * tl.exp(G) * k_norm)[None, :], k, DOT_PRECISION, tl.float32)
+        u = _dot(T * beta[None, :], v, DOT_PRECISION, operand)
+        w = _dot(T * (beta * tl.exp(G) * k_norm)[None, :], k, DOT_PRECISION, operand)
         u_offs = tokens.to(tl.int64)[:, None] * u_stride_t + head * u_stride_h + v_cols[None, :]
         tl.store(u_ptr + u_offs, u.to(u_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
         w_offs = tokens.to(tl.int64)[:, None] * w_stride_t + head * w_stride_h + k_cols[None, :]
@@ -363,8 +359,7 @@ def _gated_delta_chunk_prepare_kernel(
 @triton.jit
 def _chunk_output(q, q_norm, k, k_norm, G, S, v_new, CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   OPERAND: tl.constexpr):
-    """o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v' of one chunk, in fp32, with q and k
-    multiplied by their row factors q_norm and k_norm."""
+    """o = (exp(G) q) S + lower(q k^T * exp(G_i - G_j)) v' of a chunk, q and k times row factors."""
     causal = tl.arange(0, CHUNK)[:, None] >= tl.arange(0, CHUNK)[None, :]
     decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
     qk = _dot(q, tl.trans(k), DOT_PRECISION, OPERAND) * (q_norm[:, None] * k_norm[None, :])
@@ -386,18 +381,8 @@ def _gated_delta_chunk_state_kernel(
     cu_seqlens_ptr,
     has_initial_state_ptr,
     group,
-    q_stride_t,
-    q_stride_h,
-    k_stride_t,
-    k_stride_h,
-    g_stride_t,
-    w_stride_t,
-    w_stride_h,
-    u_stride_t,
-    u_stride_h,
-    out_stride_t,
-    state_stride_s,
-    scale,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h, g_stride_t, w_stride_t, w_stride_h, u_stride_t,
+    u_stride_h, out_stride_t, state_stride_s, scale,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
@@ -439,7 +424,6 @@ def _gated_delta_chunk_state_kernel(
         o = _chunk_output(q, q_norm, k, k_norm, G, S, v_new, CHUNK, DOT_PRECISION, operand)
         out_offs = tokens.to(tl.int64)[:, None] * out_stride_t + head * HEAD_V + v_cols[None, :]
         tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & v_mask[None, :])
-        # (exp(G_last - G) k / |k|)^T v' as k^T (v' times row factors)
         v_to_end = v_new * (k_norm * tl.exp(G_last - G))[:, None]
         S = S * tl.exp(G_last) + _dot(tl.trans(k), v_to_end, DOT_PRECISION, operand)
     tl.store(state_ptrs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
@@ -549,7 +533,7 @@ def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torc
         HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
         BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=max(next_pow2(head_v_dim), 16),
         DOT_PRECISION=_dot_precision(k), INVERSE_PRECISION=_inverse_precision(k),
-        INVERSE_SUB=INVERSE_SUB,
+        INVERSE_SUB=INVERSE_SUB, DOT_16BIT=PREPARE_DOT_16BIT,
         num_warps=PREPARE_WARPS, num_stages=1,
     )
     return w, u
