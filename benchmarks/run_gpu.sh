@@ -189,6 +189,7 @@ for step in $steps; do
     hybrid-checkpoint-offline) ATOM_SERVE_HYBRID_ON_GPU=1 checkpoint_offline random_checkpoint.py qwen3-next-80b-a3b-16l \
                                  hybrid-ckpt-runs offline-hybrid-checkpoint.json \
                                  '--engine-arg additional_config={"gdn_prefill_backend":"triton"}' ;;
+    # Both engines' per-step profiles (profile_steps.py) on that checkpoint.
     hybrid-checkpoint-profile) tmp=$(mktemp -d)
                                python3 "$here/e2e/random_checkpoint.py" --config "$here/models/qwen3-next-80b-a3b-16l.json" \
                                  --out "$tmp/ckpt"

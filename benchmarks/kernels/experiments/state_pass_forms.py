@@ -3,7 +3,7 @@ tokens from states, bf16): per form, the whole op's output and final states agai
 reference (largest |difference| over the largest |reference|) and the eager medians (us) of the op and
 its two launches. One JSON line a row; PYTHONPATH picks the tree.
 
-    PYTHONPATH=packages/atom-kernels/src:benchmarks/kernels python state_pass_forms.py TAG
+    PYTHONPATH=packages/atom-kernels/src:benchmarks/kernels python benchmarks/kernels/experiments/state_pass_forms.py TAG
 
 Data: gated-delta-h200.json[2026-12-02-state-pass-forms]."""
 

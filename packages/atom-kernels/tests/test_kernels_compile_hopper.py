@@ -128,8 +128,8 @@ def main() -> None:
     kernels = [
         *((gated_delta._gated_delta_chunk_prepare_kernel,
            dict(heads, CHUNK=gated_delta.CHUNK_SIZE, BLOCK_V=128, DOT_PRECISION="tf32",
-                INVERSE_PRECISION=gated_delta.INVERSE_PRECISION_NVIDIA, INVERSE_SUB=sub, DOT_16BIT=sub == 4),
-           gated_delta.PREPARE_WARPS, 1) for sub in (16, 4)),
+                INVERSE_PRECISION=gated_delta.INVERSE_PRECISION_NVIDIA, INVERSE_SUB=sub, DOT_16BIT=d16),
+           gated_delta.PREPARE_WARPS, 1) for sub, d16 in ((16, False), (4, False), (4, True))),
         *((gated_delta._gated_delta_chunk_state_kernel, dict(chunks, HAS_SLOTS=True, DOT_16BIT=dot_16bit),
            gated_delta.STATE_WARPS, gated_delta.STATE_STAGES) for dot_16bit in (False, True)),
         (gated_delta._gated_delta_rule_decode_kernel, dict(heads, HAS_SLOTS=True, BLOCK_V=gated_delta.STATE_BLOCK_V),

@@ -55,8 +55,8 @@ INVERSE_PRECISION_NVIDIA = "tf32"
 # (gated-delta-h200.json[2026-12-02-c7c648b-sweep], [2026-12-02-inverse-emulation]).
 INVERSE_SUB = 4
 # The state pass's dots on 16-bit operands (fp32 sums), as FLA has them, not TF32, where BLOCK_V >= 64
-# (at 32 with K 128 sm90 gave wrong values): 529 / 822 us against 1191 / 1390 on an H200, as close to
-# the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
+# (at 32 with K 128 sm90 gave wrong values): 529 / 822 us against 1191 / 1390 on an H200, about as
+# close to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
 # The prepare launch's dots likewise (T rounded to 16 bits, as FLA stores it): 48 bytes of sm90 stack,
 # not 104. Off: not yet run on a GPU.
@@ -262,7 +262,7 @@ def _chunk_decays(g_ptr, g_stride_t, tokens, row_mask, head):
 
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, OPERAND: tl.constexpr):
-    """a b, summed in fp32, on operands cast to OPERAND (see STATE_DOT_16BIT)."""
+    """a b, summed in fp32, on operands cast to OPERAND (see *_DOT_16BIT)."""
     return tl.dot(a.to(OPERAND), b.to(OPERAND), input_precision=PRECISION)
 
 
