@@ -30,8 +30,8 @@ profile() {
 # Both engines on a random checkpoint of MODEL on disk (WRITER: random_mxfp4_checkpoint.py for MXFP4,
 # random_checkpoint.py for bf16: formats or weights that vLLM's dummy loader gets wrong), each run into
 # OUT_DIR/RUNS, then bench_offline.py's REPORT from those runs; the checkpoint is deleted after.
-# EXTRA: more engine_run.py arguments for both engines (split on spaces). CHECKPOINT_LAYERS=N writes
-# the model's first N layers only (random_checkpoint.py --layers).
+# EXTRA: more engine_run.py arguments for both engines (split on spaces), then ENGINE_EXTRA's (e.g.
+# '--timed-passes 3'). CHECKPOINT_LAYERS=N writes the model's first N layers only (random_checkpoint.py --layers).
 # engine_run.py on CHECKPOINT alone and with ATOM, into PREFIX-{native,atom}.json (+ .log), ARGS for both.
 engine_runs() {  # CHECKPOINT PREFIX ARGS...
   local checkpoint=$1 prefix=$2 mode flag; shift 2
@@ -54,7 +54,7 @@ default_traced_ops() {
 }
 TP4_EP_ARGS="--engine-arg tensor_parallel_size=4 --engine-arg enable_expert_parallel=true"
 checkpoint_offline() {  # WRITER MODEL RUNS REPORT [EXTRA]
-  local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra=${5:-} tmp
+  local writer=$1 model=$2 runs=$out/$3 report=$out/$4 extra="${5:-} ${ENGINE_EXTRA:-}" tmp
   tmp=$(mktemp -d)
   python3 "$here/e2e/$writer" --config "$here/models/$model.json" --out "$tmp/$model" \
     ${CHECKPOINT_LAYERS:+--layers $CHECKPOINT_LAYERS}
