@@ -59,7 +59,8 @@ INVERSE_SUB = 4
 # close to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
 # The prepare launch's dots likewise (T rounded to 16 bits, as FLA stores it): 48 bytes of sm90 stack,
-# not 104. Off: not yet run on a GPU.
+# not 104. Off: on an H200 it took that launch from 768 to 424 us but failed the gqa2-bf16 kernel
+# test (gated-delta-h200.json[2026-12-02-0c65880-sweep]).
 PREPARE_DOT_16BIT = False
 
 
