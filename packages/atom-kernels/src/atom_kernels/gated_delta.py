@@ -59,8 +59,9 @@ INVERSE_SUB = 4
 # close to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
 # The prepare launch's dots likewise (T rounded to 16 bits, as FLA stores it): 48 bytes of sm90 stack,
-# not 104. Off: on an H200 it took that launch from 768 to 424 us but failed the gqa2-bf16 kernel
-# test (gated-delta-h200.json[2026-12-02-0c65880-sweep]).
+# not 104, where BLOCK_V >= 64 (with 32-wide value heads sm90 gave wrong values, as in the state pass).
+# Off: on an H200 it took that launch from 768 to 424 us (gated-delta-h200.json[2026-12-02-0c65880-sweep])
+# and passed the kernel tests but for 32-wide value heads, and Qwen3-Next's widths; not yet run end to end.
 PREPARE_DOT_16BIT = False
 
 
@@ -528,13 +529,14 @@ def prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm: bool) -> tuple[torc
     wu_dtype = k.dtype if WU_16BIT and k.dtype in (torch.bfloat16, torch.float16) else torch.float32
     w = torch.empty(num_tokens, num_v_heads, head_k_dim, dtype=wu_dtype, device=k.device)
     u = torch.empty(num_tokens, num_v_heads, head_v_dim, dtype=wu_dtype, device=k.device)
+    block_v = max(next_pow2(head_v_dim), 16)
     _gated_delta_chunk_prepare_kernel[(num_tokens // CHUNK_SIZE + num_seqs, num_v_heads)](
         k, v, g, beta, w, u, cu_seqlens, num_seqs, num_v_heads // num_k_heads, *k.stride()[:2],
         *v.stride()[:2], g.stride(0), beta.stride(0), *w.stride()[:2], *u.stride()[:2],
         HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm, CHUNK=CHUNK_SIZE,
-        BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=max(next_pow2(head_v_dim), 16),
+        BLOCK_K=_block_sizes(head_k_dim, head_v_dim)[0], BLOCK_V=block_v,
         DOT_PRECISION=_dot_precision(k), INVERSE_PRECISION=_inverse_precision(k),
-        INVERSE_SUB=INVERSE_SUB, DOT_16BIT=PREPARE_DOT_16BIT,
+        INVERSE_SUB=INVERSE_SUB, DOT_16BIT=PREPARE_DOT_16BIT and block_v >= 64,
         num_warps=PREPARE_WARPS, num_stages=1,
     )
     return w, u
