@@ -1,5 +1,5 @@
-"""ATOM's MLA backend for vLLM, without running the engine: metadata of mixed batches, CUDA-graph
-capture metadata, the cache layout, and which backend ATOMPlatform picks for MLA layers."""
+"""ATOM's MLA backend for vLLM, engine not run: batch and capture metadata, cache layout, and
+which backend ATOMPlatform picks for MLA layers."""
 
 import re
 
@@ -52,8 +52,7 @@ def test_mixed_batch_splits_decodes_from_prefills_and_lists_their_contexts():
 
 
 def test_short_extends_run_as_decodes_under_a_higher_threshold():
-    # Where FA3 serves, the builder takes extends of up to SHORT_EXTEND_TOKENS as decodes (a prompt's
-    # tail after a prefix-cache hit); longer ones stay prefills.
+    # Under FA3, extends up to SHORT_EXTEND_TOKENS run as decodes; longer ones stay prefills.
     b = builder()
     b.reorder_batch_threshold = 16
     m = b.build(0, common_metadata([1, 16, 600], [9, 1024, 600]))
@@ -97,7 +96,7 @@ def test_decode_graphs_need_capture_safe_gpu_kernels(monkeypatch):
 
 
 def test_cuda_graph_capture_is_for_single_token_decode_batches():
-    # Capture batches are dummies whose sequences may be a single token long: still decodes.
+    # Capture dummies' one-token sequences: still decodes.
     m = builder().build_for_cudagraph_capture(common_metadata([1, 1, 1, 1], [1, 1, 1, 1]))
     assert (m.num_decodes, m.num_decode_tokens, m.num_prefills) == (4, 4, 0)
     with pytest.raises(ValueError, match="single-token decode"):
@@ -123,9 +122,8 @@ def mla_selector(**overrides) -> AttentionSelectorConfig:
 
 @pytest.fixture
 def serving(monkeypatch, tiny_model_dir):
-    """serving(architecture): make the current vLLM config that of a tiny DeepSeek checkpoint whose
-    model reports ``architecture`` (for one ATOM does not implement, DeepSeek V3's with the name
-    swapped: the platform reads the name only)."""
+    """serving(architecture): the current vLLM config becomes a tiny DeepSeek checkpoint's, named
+    ``architecture`` (the platform reads the name only)."""
     monkeypatch.delenv("ATOM_DISABLE_VLLM_PLUGIN_ATTENTION", raising=False)
     contexts = []
 
@@ -150,8 +148,7 @@ def test_platform_picks_atom_mla_for_atom_models(serving, architecture, kv_cache
 
 
 def assert_left_to_vllm(selector: AttentionSelectorConfig, cpu_error: str) -> None:
-    """ATOM deferred to vLLM: vLLM's own platform picks one of its MLA backends, or, on a CPU where
-    vLLM has none for the layer (vLLM 0.26 has no CPU MLA backend; 0.32 has dense ones), refuses it."""
+    """vLLM's platform picks an MLA backend of its own or, on a CPU without one, refuses."""
     try:
         chosen = ATOMPlatform.get_attn_backend_cls(None, selector)
     except NotImplementedError as refusal:
@@ -168,7 +165,7 @@ def test_platform_leaves_unsupported_mla_to_vllm(serving, overrides):
 
 
 def test_platform_leaves_mla_of_models_atom_does_not_implement_to_vllm(serving):
-    # Their MLA layers are vLLM's own MLAAttention, which cannot run ATOM's impl.
+    # vLLM's own MLAAttention cannot run ATOM's impl.
     serving("KimiLinearForCausalLM")
     assert_left_to_vllm(mla_selector(), "MLA is not supported on CPU")
 

@@ -58,10 +58,7 @@ INVERSE_SUB = 4
 # (at 32 with K 128 sm90 gave wrong values): 529 / 822 us against 1191 / 1390 on an H200, about as
 # close to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
-# The prepare launch's dots likewise (T rounded to 16 bits, as FLA stores it): 48 bytes of sm90 stack,
-# not 104, where BLOCK_V >= 64 (with 32-wide value heads sm90 gave wrong values, as in the state pass).
-# Off: on an H200 it took that launch from 768 to 424 us (gated-delta-h200.json[2026-12-02-0c65880-sweep])
-# and passed the kernel tests but for 32-wide value heads, and Qwen3-Next's widths; not yet run end to end.
+# The prepare launch's dots likewise, where BLOCK_V >= 64: 768 -> 424 us on an H200. Off: untried end to end.
 PREPARE_DOT_16BIT = False
 
 

@@ -1,22 +1,19 @@
 """``atom``: an SGLang attention backend that runs atom_kernels over SGLang's KV pool.
 
-SGLang keeps scheduling, the radix cache and the KV pool (``MHATokenToKVPool``: one K and one V row
-per token slot, ``[slots, kv_heads, head_size]`` per layer, pages of ``page_size`` slots); a request's
-slots are its row of ``req_to_token``. ATOM's paged kernels read ``[blocks, block_size, kv_heads,
-head_size]`` caches through a block table, so the pool is viewed as blocks of ``page_size`` and the
-block table is every ``page_size``-th slot of the request's row divided by ``page_size``.
+SGLang keeps scheduling, the radix cache and the KV pool (``MHATokenToKVPool``, ``[slots, kv_heads,
+head_size]`` per layer); a request's slots are its row of ``req_to_token``. ATOM's paged kernels see
+the pool as blocks of ``page_size``, the block table being every ``page_size``-th slot / ``page_size``.
 
-Per forward (``init_forward_metadata``) the backend builds one :class:`ATOMAttentionMetadata` shared
-by all layers; per layer it writes the new K/V into the pool and runs:
+Per forward the backend builds one :class:`ATOMAttentionMetadata` for all layers; per layer it writes
+the new K/V into the pool and runs:
 
-- extend without cached prefix (plain prefill): ``varlen_attention`` over the fresh K/V;
+- plain prefill: ``varlen_attention`` over the new K/V;
 - extend over a cached prefix (radix-cache hit, chunked prefill, mixed batches) and decode:
   ``paged_attention``, the new tokens being the last of each sequence.
 
-Decode batches can be captured in CUDA graphs: the metadata then lives in static buffers that
-``init_forward_metadata_out_graph`` refills before capture and before every replay. The prefill and
-extend kernels, which no capture reaches, run once when SGLang creates the backend at start-up
-(:meth:`ATOMAttentionBackend.compile_prefill_kernels`).
+Captured decode batches keep the metadata in static buffers, refilled before capture and each replay
+(``init_forward_metadata_out_graph``). The prefill and extend kernels compile when SGLang creates the
+backend (:meth:`ATOMAttentionBackend.compile_prefill_kernels`).
 """
 
 from __future__ import annotations
