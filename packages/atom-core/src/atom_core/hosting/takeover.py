@@ -235,9 +235,9 @@ def _speculative(model: HostedModel) -> str | None:
     return None
 
 
-HYBRID_GPU_OPT_IN_REASON = ("hybrid linear-attention models ran slower with ATOM than with the host on a GPU "
-                            "so far (Qwen3-Next: 0.92x vLLM alone on an H200, "
-                            "benchmarks/results/offline-hybrid-h200.json[fcf7495-checkpoint]; Qwen3.5-35B-A3B at 20 "
+HYBRID_GPU_OPT_IN_REASON = ("hybrid linear-attention models ran no faster with ATOM than with the host on a GPU "
+                            "so far (Qwen3-Next: 1.00x vLLM alone on an H200, benchmarks/results/"
+                            "offline-hybrid-h200.json[2026-12-02-0c65880-checkpoint-3-timed]; Qwen3.5-35B-A3B at 20 "
                             "layers: 0.98x, [54f18ee-qwen3.5-checkpoint-20l]) "
                             "(ATOM_SERVE_HYBRID_ON_GPU=1 serves them with ATOM on GPUs)")
 
