@@ -41,9 +41,9 @@ PREFILLS = {"16x1024": [1024] * 16, "2x8192": [8192] * 2}
 DECODE_BATCHES = (1, 64, 256)
 # Each launch's settings, swept one launch at a time.
 PREPARE_SWEEP = [{"PREPARE_WARPS": w} for w in (4, 8)] + [
-    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")] + [{"INVERSE_SUB": 16}, {"PREPARE_DOT_16BIT": True}]
+    {"INVERSE_PRECISION_NVIDIA": p} for p in ("tf32x3", "ieee")] + [{"INVERSE_SUB": 16}, {"PREPARE_DOT_16BIT": False}]
 STATE_SWEEP = [{"STATE_BLOCK_V": b, "STATE_WARPS": w} for b in (64, 128) for w in (4, 8)] + [
-    {"STATE_STAGES": n} for n in (2, 3)] + [{"STATE_DOT_16BIT": False}]
+    {"STATE_STAGES": n} for n in (1, 3)] + [{"STATE_DOT_16BIT": False}]
 # Options that change both launches: the whole op.
 WHOLE_OP_SWEEP = [{"WU_16BIT": False}]
 CONV_SWEEP = [{"PREFILL_BLOCK_T": t, "PREFILL_BLOCK_C": c, "PREFILL_WARPS": w}

@@ -53,7 +53,7 @@ cases = pytest.mark.parametrize(
 
 # The chunked form's options (module settings of atom_kernels.gated_delta), each on its own.
 FORMS = {"default": {}, "fp32-wu": {"WU_16BIT": False}, "inverse-16": {"INVERSE_SUB": 16},
-         "state-tf32": {"STATE_DOT_16BIT": False}, "prepare-16bit": {"PREPARE_DOT_16BIT": True}}
+         "state-tf32": {"STATE_DOT_16BIT": False}, "prepare-tf32": {"PREPARE_DOT_16BIT": False}}
 
 
 @cases

@@ -36,13 +36,13 @@ from atom_kernels.triton_utils import (
 
 L2NORM_EPS = tl.constexpr(1e-6)
 CHUNK_SIZE = 64
-# Launch settings (bench_gated_delta.py sweeps them). The state pass loops over chunks in one pipeline
-# stage: two / three took 1.33x / 1.39x the time at 16 x 1024 tokens on an H200, 0.91x / 0.96x at
-# 2 x 8192 (gated-delta-h200.json[1ca1f35-state-stages], TF32 dots). The prepare kernel takes one chunk.
+# Launch settings (bench_gated_delta.py sweeps them). The state pass pipelines its chunk loop in two
+# stages: 479 / 729 us (one stage: 530 / 828) at 16 x 1024 / 2 x 8192 tokens on an H200, 16-bit
+# dots (gated-delta-h200.json[2026-12-02-0c65880-sweep]). The prepare kernel takes one chunk.
 PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
-STATE_STAGES = 1
+STATE_STAGES = 2
 # w and u between the launches in the activations' 16-bit type, as FLA keeps them: 2.02 against 2.20 ms
 # in fp32 at 16 x 1024 tokens, level at 2 x 8192 (gated-delta-h200.json[cf4c7d6]).
 WU_16BIT = True
@@ -58,8 +58,9 @@ INVERSE_SUB = 4
 # (at 32 with K 128 sm90 gave wrong values): 529 / 822 us against 1191 / 1390 on an H200, about as
 # close to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
-# The prepare launch's dots likewise, where BLOCK_V >= 64: 768 -> 424 us on an H200. Off: untried end to end.
-PREPARE_DOT_16BIT = False
+# The prepare launch's dots likewise, where BLOCK_V >= 64: 768 -> 424 us on an H200, w / u 5.8e-3 from
+# IEEE's (TF32 3.0e-3; same entry).
+PREPARE_DOT_16BIT = True
 
 
 @define_op
