@@ -28,7 +28,7 @@ def serve_mxfp4() -> bool:
 
 def serve_hybrid_on_gpu() -> bool:
     """ATOM_SERVE_HYBRID_ON_GPU=1: ATOM serves its hybrid linear-attention models (Qwen3-Next) on
-    GPUs too. Off by default: Qwen3-Next ran at 0.92-0.93x vLLM alone on an H200 (docs/performance.md;
+    GPUs too. Off by default: Qwen3-Next ran at 0.92-1.00x vLLM alone on an H200 (docs/performance.md;
     its kernels pass on the GPU and it matches HF there in fp32) and Qwen3.5-35B-A3B at 0.98x, so on
     a GPU the host serves them."""
     return flag("ATOM_SERVE_HYBRID_ON_GPU")
