@@ -58,8 +58,8 @@ INVERSE_SUB = 4
 # (at 32 with K 128 sm90 gave wrong values): 529 / 822 us against 1191 / 1390 on an H200, about as
 # close to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
-# The prepare launch's dots likewise, where BLOCK_V >= 64: 768 -> 424 us on an H200, w / u 5.8e-3 from
-# IEEE's (TF32 3.0e-3; same entry).
+# The prepare launch's dots likewise, where BLOCK_V >= 64: 768 -> 424 us (H200), w / u 5.8e-3 from
+# IEEE's, TF32 3.0e-3 (the 0c65880 sweep).
 PREPARE_DOT_16BIT = True
 
 
