@@ -24,7 +24,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
 )
 
-from atom_core.hosting.hf_config import complete_hf_config
+from atom_core.hosting.hf_config import complete_hf_config, language_model_config
 from atom_core.hosting.takeover import (
     EXPERT_PARALLEL_NOTE,
     HYBRID_GPU_OPT_IN_REASON,
@@ -40,7 +40,8 @@ from atom_core.models import SUPPORTED_ARCHITECTURES, get_model_class
 from atom_core.testing.quark_checkpoints import TINY_QUARK_OVERRIDES, quark_mxfp4_config
 from atom_core.testing.tiny_models import tiny_hf_config
 
-PUBLISHED = Path(__file__).parent / "data" / "published_configs"
+# Hub config.json files as published (sources: data/published_configs_sources.md).
+PUBLISHED = json.loads((Path(__file__).parent / "data" / "published_configs.json").read_text())
 
 # What each published checkpoint gets, served as its Hub repository ships it.
 EXPECTED_REASONS = {
@@ -50,22 +51,31 @@ EXPECTED_REASONS = {
     "mixtral-8x7b-instruct-v0.1": (),
     "deepseek-v2-lite": (),  # yarn rope
     "gpt-oss-20b": (MXFP4_OPT_IN_REASON,),  # MXFP4 experts: served with ATOM_SERVE_MXFP4=1
+    "gpt-oss-120b": (MXFP4_OPT_IN_REASON,),
     "deepseek-v3": (),  # block FP8
+    "qwen3-30b-a3b-fp8": (),  # block FP8; routers and norms listed as unquantized
+    "qwen3-next-80b-a3b-instruct": (),  # hybrid: on GPUs opt-in (test_hybrid_models_on_a_gpu_are_opt_in)
+    "qwen3.5-35b-a3b": (),  # vision-language: ATOM serves its language model
 }
 
 
 def published_config(name: str, tmp_path: Path):
-    """The published config.json as the installed transformers reads it from a checkpoint dir."""
-    shutil.copy(PUBLISHED / f"{name}.json", tmp_path / "config.json")
+    """The published config.json as the installed transformers reads it from a checkpoint dir (a
+    model type this transformers does not know is one its hosts cannot load either: skipped)."""
+    config = PUBLISHED[name]
+    if config["model_type"] not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {config['model_type']!r} config")
+    (tmp_path / "config.json").write_text(json.dumps(config))
     return AutoConfig.from_pretrained(tmp_path)
 
 
 def hosted(hf_config, **fields) -> HostedModel:
-    """What a host asks for a checkpoint served as shipped: its architecture, bf16, and the
-    quantization method its config declares."""
+    """What a host asks for a checkpoint served as shipped: its architecture, its language model's
+    config (as the glues pass it), bf16, and the quantization method its config declares."""
     quantization = (getattr(hf_config, "quantization_config", None) or {}).get("quant_method")
-    settings = dict(host="vLLM", architecture=hf_config.architectures[0], hf_config=hf_config,
-                    dtype=torch.bfloat16, quantization=quantization)
+    settings = dict(host="vLLM", architecture=hf_config.architectures[0], dtype=torch.bfloat16,
+                    hf_config=language_model_config(hf_config, hf_config.get_text_config()),
+                    quantization=quantization)
     return HostedModel(**{**settings, **fields})
 
 
@@ -82,7 +92,7 @@ def test_published_configs_complete_to_what_the_model_reads(name, tmp_path):
     hf_config = published_config(name, tmp_path)
     before = hf_config.to_dict()
     defaults = get_model_class(hf_config.architectures[0]).hf_defaults
-    completed = complete_hf_config(hf_config, defaults)
+    completed = complete_hf_config(hf_config.get_text_config(), defaults)
     assert all(hasattr(completed, key) for key in defaults)
     assert completed.num_key_value_heads is not None
     assert hf_config.to_dict() == before
@@ -168,23 +178,13 @@ def test_expert_parallelism_is_served_with_a_note(qwen3, tmp_path):
     assert dense.atom_serves and dense.notes == ()
 
 
-def block_fp8(name: str, tmp_path: Path):
-    """A published bf16 config with the block-FP8 quantization_config its FP8 sibling ships
-    (Qwen/Qwen3-30B-A3B-FP8: 128 x 128 blocks, dynamic activations)."""
-    config = json.loads((PUBLISHED / f"{name}.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [128, 128]}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    return AutoConfig.from_pretrained(tmp_path)
-
-
 def test_experts_that_do_not_split_into_whole_blocks_are_handed_back(tmp_path, monkeypatch):
     """ATOM gives every TP rank its share of each expert. Qwen3-30B-A3B-FP8's 768 rows give 192 a rank
     at TP 4, not whole 128-row scale blocks: the host, with expert parallelism, keeps experts whole
     and serves it; ATOM hands it back, with or without expert parallelism. TP 2 (384 rows) and bf16
     at TP 4 split fine; so do gpt-oss's 2880 MXFP4 rows at TP 2 (1440), not at TP 4 (720 / 32), and the
     tiny Quark MXFP4 DeepSeek-V3's 64 rows at TP 2 (atom-vllm's TP 2 cell), not at TP 4 (16 a rank)."""
-    fp8 = hosted(block_fp8("qwen3-30b-a3b", tmp_path), tensor_parallel_size=4)
+    fp8 = hosted(published_config("qwen3-30b-a3b-fp8", tmp_path), tensor_parallel_size=4)
     reason = ("experts of 768 intermediate rows do not split across 4 tensor-parallel ranks in whole 128-row "
               "blocks of the checkpoint's scales")
     assert decide_takeover(fp8).reasons == (reason,)
@@ -226,16 +226,17 @@ def test_speculative_decoding_with_a_draft_model_is_handed_back(qwen3, host, met
         f"speculative decoding by '{method}' is not supported (ATOM serves vLLM's n-gram proposer only)",)
 
 
-def test_hybrid_models_on_a_gpu_are_opt_in(qwen3, monkeypatch):
-    """Qwen3-Next's host glue is verified on CPU only: on a GPU the host serves it unless
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b-instruct", "qwen3.5-35b-a3b"])
+def test_hybrid_models_on_a_gpu_are_opt_in(qwen3, name, tmp_path, monkeypatch):
+    """Hybrid models (Qwen3-Next, Qwen3.5), as published: on a GPU the host serves them unless
     ATOM_SERVE_HYBRID_ON_GPU=1; models without recurrent state are served on GPUs as before."""
     monkeypatch.delenv("ATOM_SERVE_HYBRID_ON_GPU", raising=False)
-    qwen3_next = hosted(tiny_hf_config("Qwen3NextForCausalLM"), device="cuda")
-    assert decide_takeover(qwen3_next).reasons == (HYBRID_GPU_OPT_IN_REASON,)
-    assert decide_takeover(dataclasses.replace(qwen3_next, device="cpu")).atom_serves
+    hybrid = hosted(published_config(name, tmp_path), device="cuda")
+    assert decide_takeover(hybrid).reasons == (HYBRID_GPU_OPT_IN_REASON,)
+    assert decide_takeover(dataclasses.replace(hybrid, device="cpu")).atom_serves
     assert decide_takeover(dataclasses.replace(qwen3, device="cuda")).atom_serves
     monkeypatch.setenv("ATOM_SERVE_HYBRID_ON_GPU", "1")
-    assert decide_takeover(qwen3_next).atom_serves
+    assert decide_takeover(hybrid).atom_serves
 
 
 def test_models_measured_slower_on_a_gpu_stay_with_that_host(monkeypatch):
