@@ -114,13 +114,13 @@ for step in $steps; do
                        --model $model --concurrencies 1,16,64
                    done ;;
     # The same sweep on a random gpt-oss-20b MXFP4 checkpoint, whose scale codes let ATOM's GEMMs decode
-    # in registers.
+    # in registers; twice, the second reported (d45091a's single sweep: vLLM alone stalled at 16).
     mxfp4-checkpoint-serving) tmp=$(mktemp -d)
                               python3 "$here/e2e/random_mxfp4_checkpoint.py" --config "$here/models/gpt-oss-20b-mxfp4.json" \
                                 --out "$tmp/gpt-oss-20b-mxfp4"
                               mkdir -p "$out/serving-mxfp4-checkpoint"
                               ATOM_SERVE_MXFP4=1 python3 "$here/e2e/bench_serving.py" --model gpt-oss-20b-mxfp4 \
-                                --checkpoint "$tmp/gpt-oss-20b-mxfp4" --concurrencies 1,16,64 \
+                                --checkpoint "$tmp/gpt-oss-20b-mxfp4" --concurrencies 1,16,64 --sweeps 2 \
                                 --out "$out/serving-mxfp4-checkpoint/serving-gpt-oss-20b-mxfp4.json"
                               rm -rf "$tmp" ;;
     # As mla-offline, on N(0, 0.02) weights: dummy weights route a MoE onto a few experts, differently in

@@ -4,7 +4,7 @@ against each (vLLM: `vllm serve` + `vllm bench serve`; SGLang: `python -m sglang
 
     python benchmarks/e2e/bench_serving.py --out serving.json [--engine vllm|sglang] [--model qwen3-8b]
         [--concurrencies 1,8,32,128] [--random-weights | --checkpoint DIR] [--input-len 1024]
-        [--output-len 128] [--prefix-len 0] [--server-arg=--flag ...] [--profile] [--modes atom]
+        [--output-len 128] [--prefix-len 0] [--server-arg=--flag ...] [--profile] [--sweeps 1] [--modes atom]
 
 Same GPU, same run: the native server (ATOM_DISABLE_VLLM_PLUGIN=1 / ATOM_DISABLE_SGLANG_PLUGIN=1) and
 then the ATOM server, each on dummy weights of benchmarks/models/MODEL.json (or a config.json path)
@@ -18,8 +18,9 @@ For each concurrency the benchmark sends 4 x concurrency random requests (at lea
 engine compiles on first use (vLLM's MXFP4 MoE routing does) are compiled before the timed runs.
 Each burst draws its prompts with its own seed (the warm-up 0, a timed run its concurrency): with
 one seed a timed run's prompts would repeat the warm-up's, served from the prefix cache.
-``--modes atom`` runs the ATOM server alone (an A/B of ATOM settings beside a run of both).
-A word-level tokenizer (token i <-> the word "t<i>") makes the random
+``--sweeps N`` runs the concurrencies N times on each server and reports the last sweep (compiles and
+other first-use costs left to the earlier ones). ``--modes atom`` runs the ATOM server alone (an A/B
+of ATOM settings beside a run of both). A word-level tokenizer (token i <-> the word "t<i>") makes the random
 prompts exactly as long as asked. Writes one JSON (device, versions, both runs, ratio = ATOM / native
 per metric, in vLLM's metric names) and a markdown table next to it; plot_serving.py draws the PNG.
 """
@@ -71,6 +72,9 @@ SAMPLE_LINE = re.compile(r"^([\w:]+)(?:\{[^}]*\})? (\S+)$")
 
 
 WARM_UP_OUTPUT_LEN = 16
+# A later sweep's prompt seed: the concurrency plus this times the sweep (distinct prompts for any
+# concurrency below it).
+SWEEP_SEED_STRIDE = 100_000
 # The greedy-agreement probe (--greedy-prompts): fixed random prompts of this many tokens, this many
 # greedy tokens each, the same in both servers.
 GREEDY_PROMPT_LEN, GREEDY_TOKENS = 64, 32
@@ -282,10 +286,12 @@ def summarise_new_trace(trace_dir: str, seen: set[str], timeout_s: float = 300) 
 
 def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurrencies: list[int], workdir: str,
                     port: int, save, dummy: bool, workload: Workload, server_args: list[str],
-                    profile: bool = False, greedy: list[list[int]] | None = None) -> dict:
+                    profile: bool = False, greedy: list[list[int]] | None = None, sweeps: int = 1) -> dict:
     """One server, every concurrency; ``save()`` after each, so a cut-off run keeps what it measured.
     ``profile``: each concurrency's requests run under vLLM's profiler, summarised per step.
-    ``greedy``: prompts whose greedy continuations the server writes into the run after the timed ones."""
+    ``greedy``: prompts whose greedy continuations the server writes into the run after the timed ones.
+    ``sweeps``: the concurrencies run that many times, each sweep on fresh prompts; the last sweep's
+    results are the run's, the earlier ones go to ``earlier_sweeps``."""
     mode = "atom" if atom else "native"
     trace_dir = os.path.join(workdir, f"traces-{mode}") if profile else ""
     if profile:
@@ -321,24 +327,30 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
         if proc.returncode != 0:
             run["warm_up_error"] = proc.stdout[-1500:] + proc.stderr[-1500:]
         run["results"] = {}
-        for c in concurrencies:
-            result_path = os.path.join(workdir, f"bench-{mode}-c{c}{engine.result_suffix}")
-            _, bench_command = engine.commands(model_dir, port, dummy, workload, c, result_path, seed=c)
-            before = metric_totals(port) if engine.ttft_parts else {}
-            proc = subprocess.run([*bench_command, *(["--profile"] if profile else [])], env=env,
-                                  capture_output=True, text=True)
-            if proc.returncode != 0 or not os.path.exists(result_path):
-                run["results"][str(c)] = {"error": proc.stdout[-1500:] + proc.stderr[-1500:]}
-                continue
-            raw = engine.read_result(result_path)
-            run["results"][str(c)] = {k: raw[k] for k in METRICS + ["completed"] if k in raw}
-            if engine.ttft_parts:
-                run["results"][str(c)].update(engine_metrics_between(engine, before, metric_totals(port)))
-            if profile:
-                run["results"][str(c)]["engine_profile"] = summarise_new_trace(trace_dir, traces_seen)
-            print(mode, f"c={c}", {k: round(raw[k], 2) for k in ("output_throughput", "mean_ttft_ms",
-                                                                    "mean_tpot_ms") if k in raw}, flush=True)
-            save(mode, run)
+        for sweep in range(sweeps):
+            if sweep:
+                run.setdefault("earlier_sweeps", []).append(run["results"])
+                run["results"] = {}
+            for c in concurrencies:
+                tag = f"c{c}" + (f"-sweep{sweep}" if sweep else "")
+                result_path = os.path.join(workdir, f"bench-{mode}-{tag}{engine.result_suffix}")
+                _, bench_command = engine.commands(model_dir, port, dummy, workload, c, result_path,
+                                                   seed=c + SWEEP_SEED_STRIDE * sweep)
+                before = metric_totals(port) if engine.ttft_parts else {}
+                proc = subprocess.run([*bench_command, *(["--profile"] if profile else [])], env=env,
+                                      capture_output=True, text=True)
+                if proc.returncode != 0 or not os.path.exists(result_path):
+                    run["results"][str(c)] = {"error": proc.stdout[-1500:] + proc.stderr[-1500:]}
+                    continue
+                raw = engine.read_result(result_path)
+                run["results"][str(c)] = {k: raw[k] for k in METRICS + ["completed"] if k in raw}
+                if engine.ttft_parts:
+                    run["results"][str(c)].update(engine_metrics_between(engine, before, metric_totals(port)))
+                if profile:
+                    run["results"][str(c)]["engine_profile"] = summarise_new_trace(trace_dir, traces_seen)
+                print(mode, tag, {k: round(raw[k], 2) for k in ("output_throughput", "mean_ttft_ms",
+                                                                "mean_tpot_ms") if k in raw}, flush=True)
+                save(mode, run)
         if greedy:
             run["greedy_tokens"] = greedy_completions(port, model_dir, greedy)
             save(mode, run)
@@ -412,6 +424,9 @@ def main() -> None:
     parser.add_argument("--greedy-prompts", type=int, default=0,
                         help=f"after the timed runs, this many fixed prompts' {GREEDY_TOKENS} greedy tokens from each "
                              "server, and how far they agree")
+    parser.add_argument("--sweeps", type=int, default=1,
+                        help="run the concurrencies this many times on each server (fresh prompts each time); "
+                             "report the last sweep, the earlier ones beside it: steady state after first-use costs")
     parser.add_argument("--modes", default="native,atom",
                         help="atom: the ATOM server only (an A/B of ATOM settings beside a run with both)")
     parser.add_argument("--profile", action="store_true",
@@ -450,7 +465,9 @@ def main() -> None:
                               "4 x concurrency requests (at least 16)") +
                            ", after an untimed warm-up burst at the "
                            f"highest concurrency ({WARM_UP_OUTPUT_LEN} output tokens a request); prompt seed 0 "
-                           "for the warm-up, the concurrency for a timed run"),
+                           "for the warm-up, the concurrency for a timed run"
+                           + (f"; {args.sweeps} sweeps of the concurrencies, the last reported (prompt seed "
+                              f"+{SWEEP_SEED_STRIDE} a sweep)" if args.sweeps > 1 else "")),
               "concurrencies": concurrencies, "profiled": args.profile,
               "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)}}
     report["native"], report["atom"] = {}, {}
@@ -467,7 +484,7 @@ def main() -> None:
             continue
         server_args = args.server_arg if atom else [*args.server_arg, *args.native_server_arg]
         serve_and_bench(engine, model_dir, atom, concurrencies, workdir, port, save, dummy, workload, server_args,
-                        args.profile, greedy)
+                        args.profile, greedy, args.sweeps)
     if args.random_weights:
         shutil.rmtree(model_dir)
     print(markdown(report), flush=True)
