@@ -132,24 +132,24 @@ def weights_label(config: dict) -> str:
     return quant.get("quant_method", "quantized")
 
 
+def token_agreement(native: list[list[int]], atom: list[list[int]]) -> dict:
+    """How far two engines' greedy tokens agree, prompt by prompt (bench_serving.py's probe too)."""
+    prefixes = [next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                for a, b in zip(native, atom, strict=True)]
+    return {"prompts": len(prefixes), "tokens_per_prompt": len(native[0]),
+            "identical_sequences": sum(a == b for a, b in zip(native, atom)),
+            "first_token_agreement": sum(p > 0 for p in prefixes),
+            "mean_common_prefix": sum(prefixes) / len(prefixes)}
+
+
 def agreement(native: dict, atom: dict) -> dict:
     a, b = native["correctness"], atom["correctness"]
-    exact = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
-    prefixes = []
-    for x, y in zip(a["tokens"], b["tokens"]):
-        n = 0
-        while n < min(len(x), len(y)) and x[n] == y[n]:
-            n += 1
-        prefixes.append(n)
     diffs = []
     for x, y in zip(a["first_logprobs"], b["first_logprobs"]):
         common = set(x) & set(y)
         diffs.extend(abs(x[t] - y[t]) for t in common)
-    first_token = sum(x[0] == y[0] for x, y in zip(a["tokens"], b["tokens"]))
     return {
-        "prompts": len(a["tokens"]), "tokens_per_prompt": len(a["tokens"][0]),
-        "identical_sequences": exact, "first_token_agreement": first_token,
-        "mean_common_prefix": sum(prefixes) / len(prefixes),
+        **token_agreement(a["tokens"], b["tokens"]),
         "first_step_top20_logprob_max_abs_diff": max(diffs) if diffs else None,
         "first_step_top20_logprob_mean_abs_diff": sum(diffs) / len(diffs) if diffs else None,
     }

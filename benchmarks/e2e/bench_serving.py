@@ -4,7 +4,7 @@ against each (vLLM: `vllm serve` + `vllm bench serve`; SGLang: `python -m sglang
 
     python benchmarks/e2e/bench_serving.py --out serving.json [--engine vllm|sglang] [--model qwen3-8b]
         [--concurrencies 1,8,32,128] [--random-weights | --checkpoint DIR] [--input-len 1024]
-        [--output-len 128] [--prefix-len 0] [--server-arg=--flag ...] [--profile] [--sweeps 1] [--modes atom]
+        [--output-len 128] [--prefix-len 0] [--server-arg=--flag ...] [--profile] [--sweeps N] [--modes atom]
 
 Same GPU, same run: the native server (ATOM_DISABLE_VLLM_PLUGIN=1 / ATOM_DISABLE_SGLANG_PLUGIN=1) and
 then the ATOM server, each on dummy weights of benchmarks/models/MODEL.json (or a config.json path)
@@ -18,15 +18,16 @@ For each concurrency the benchmark sends 4 x concurrency random requests (at lea
 engine compiles on first use (vLLM's MXFP4 MoE routing does) are compiled before the timed runs.
 Each burst draws its prompts with its own seed (the warm-up 0, a timed run its concurrency): with
 one seed a timed run's prompts would repeat the warm-up's, served from the prefix cache.
-``--sweeps N`` runs the concurrencies N times on each server and reports the last sweep (compiles and
-other first-use costs left to the earlier ones). ``--modes atom`` runs the ATOM server alone (an A/B
-of ATOM settings beside a run of both). A word-level tokenizer (token i <-> the word "t<i>") makes the random
+``--sweeps N``: N sweeps of the concurrencies a server, fresh prompts each, the last reported.
+``--modes atom`` runs the ATOM server alone (an A/B of ATOM settings beside a run of both).
+A word-level tokenizer (token i <-> the word "<i>") makes the random
 prompts exactly as long as asked. Writes one JSON (device, versions, both runs, ratio = ATOM / native
 per metric, in vLLM's metric names) and a markdown table next to it; plot_serving.py draws the PNG.
 """
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import re
@@ -41,12 +42,12 @@ from dataclasses import dataclass
 
 import process_group
 import torch
-from bench_offline import atom_log_lines
+from bench_offline import atom_log_lines, token_agreement
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
-# How long a server may take to answer /health. vLLM alone on a block-FP8 model spends minutes in its
-# DeepGEMM warm-up on a fresh machine (Qwen3-8B-FP8 on an H200: graphs captured at 5.4 min).
+# How long a server may take to answer /health (ATOM_BENCH_SERVER_TIMEOUT): vLLM alone's DeepGEMM
+# warm-up takes minutes on a fresh machine (Qwen3-8B-FP8, H200: 5.4).
 SERVER_TIMEOUT_S = 900.0
 METRICS = ["output_throughput", "total_token_throughput", "request_throughput",
            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -72,9 +73,7 @@ SAMPLE_LINE = re.compile(r"^([\w:]+)(?:\{[^}]*\})? (\S+)$")
 
 
 WARM_UP_OUTPUT_LEN = 16
-# A later sweep's prompt seed: the concurrency plus this times the sweep (distinct prompts for any
-# concurrency below it).
-SWEEP_SEED_STRIDE = 100_000
+SWEEP_SEED_STRIDE = 100_000  # prompt seeds: + this x the sweep
 # The greedy-agreement probe (--greedy-prompts): fixed random prompts of this many tokens, this many
 # greedy tokens each, the same in both servers.
 GREEDY_PROMPT_LEN, GREEDY_TOKENS = 64, 32
@@ -174,9 +173,8 @@ def word_id(text: str) -> int:
 def write_model_dir(config_path: str, model_dir: str) -> None:
     """config.json plus a word-level tokenizer covering the whole vocabulary. Each word is bracketed
     (``<17>``): HF's fast tokenizer matches its special tokens (eos, unk) anywhere in the text before
-    the word model, so with bare words (``t1``) an eos of id 1 split every word starting ``t1`` in two,
-    and vLLM's random prompts that started in that third of the vocabulary all became the same
-    ``t1 t0 t1 t0 ...``: prefix-cache hits (26 % of the prompt tokens at 627ee3d)."""
+    the word model: with bare words (``t1``) an eos of id 1 split every word starting ``t1``, and
+    random prompts collapsed into prefix-cache hits (26 % of the prompt tokens at 627ee3d)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     os.makedirs(model_dir, exist_ok=True)
@@ -220,18 +218,6 @@ def greedy_completions(port: int, model_dir: str, prompts: list[list[int]]) -> l
     with urllib.request.urlopen(request, timeout=600) as response:
         choices = sorted(json.load(response)["choices"], key=lambda choice: choice["index"])
     return [[word_id(text) for text in choice["text"].split()] for choice in choices]
-
-
-def greedy_agreement(native: list[list[int]], atom: list[list[int]]) -> dict:
-    """How far the two servers' greedy continuations agree, prompt by prompt."""
-    def common_prefix(a: list[int], b: list[int]) -> int:
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-    prefixes = [common_prefix(a, b) for a, b in zip(native, atom, strict=True)]
-    return {"prompts": len(prefixes), "tokens": GREEDY_TOKENS,
-            "first_token_equal": sum(p > 0 for p in prefixes),
-            "all_tokens_equal": sum(p == GREEDY_TOKENS for p in prefixes),
-            "mean_equal_prefix": sum(prefixes) / len(prefixes)}
 
 
 def metric_totals(port: int) -> dict[str, float]:
@@ -290,8 +276,7 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
     """One server, every concurrency; ``save()`` after each, so a cut-off run keeps what it measured.
     ``profile``: each concurrency's requests run under vLLM's profiler, summarised per step.
     ``greedy``: prompts whose greedy continuations the server writes into the run after the timed ones.
-    ``sweeps``: the concurrencies run that many times, each sweep on fresh prompts; the last sweep's
-    results are the run's, the earlier ones go to ``earlier_sweeps``."""
+    Each later sweep moves the run's results to ``earlier_sweeps``."""
     mode = "atom" if atom else "native"
     trace_dir = os.path.join(workdir, f"traces-{mode}") if profile else ""
     if profile:
@@ -327,30 +312,29 @@ def serve_and_bench(engine: ServingEngine, model_dir: str, atom: bool, concurren
         if proc.returncode != 0:
             run["warm_up_error"] = proc.stdout[-1500:] + proc.stderr[-1500:]
         run["results"] = {}
-        for sweep in range(sweeps):
-            if sweep:
+        for sweep, (i, c) in itertools.product(range(sweeps), enumerate(concurrencies)):
+            if sweep and not i:
                 run.setdefault("earlier_sweeps", []).append(run["results"])
                 run["results"] = {}
-            for c in concurrencies:
-                tag = f"c{c}" + (f"-sweep{sweep}" if sweep else "")
-                result_path = os.path.join(workdir, f"bench-{mode}-{tag}{engine.result_suffix}")
-                _, bench_command = engine.commands(model_dir, port, dummy, workload, c, result_path,
-                                                   seed=c + SWEEP_SEED_STRIDE * sweep)
-                before = metric_totals(port) if engine.ttft_parts else {}
-                proc = subprocess.run([*bench_command, *(["--profile"] if profile else [])], env=env,
-                                      capture_output=True, text=True)
-                if proc.returncode != 0 or not os.path.exists(result_path):
-                    run["results"][str(c)] = {"error": proc.stdout[-1500:] + proc.stderr[-1500:]}
-                    continue
-                raw = engine.read_result(result_path)
-                run["results"][str(c)] = {k: raw[k] for k in METRICS + ["completed"] if k in raw}
-                if engine.ttft_parts:
-                    run["results"][str(c)].update(engine_metrics_between(engine, before, metric_totals(port)))
-                if profile:
-                    run["results"][str(c)]["engine_profile"] = summarise_new_trace(trace_dir, traces_seen)
-                print(mode, tag, {k: round(raw[k], 2) for k in ("output_throughput", "mean_ttft_ms",
-                                                                "mean_tpot_ms") if k in raw}, flush=True)
-                save(mode, run)
+            tag = f"c{c}" + (f"-sweep{sweep}" if sweep else "")
+            result_path = os.path.join(workdir, f"bench-{mode}-{tag}{engine.result_suffix}")
+            _, bench_command = engine.commands(model_dir, port, dummy, workload, c, result_path,
+                                               seed=c + SWEEP_SEED_STRIDE * sweep)
+            before = metric_totals(port) if engine.ttft_parts else {}
+            proc = subprocess.run([*bench_command, *(["--profile"] if profile else [])], env=env,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0 or not os.path.exists(result_path):
+                run["results"][str(c)] = {"error": proc.stdout[-1500:] + proc.stderr[-1500:]}
+                continue
+            raw = engine.read_result(result_path)
+            run["results"][str(c)] = {k: raw[k] for k in METRICS + ["completed"] if k in raw}
+            if engine.ttft_parts:
+                run["results"][str(c)].update(engine_metrics_between(engine, before, metric_totals(port)))
+            if profile:
+                run["results"][str(c)]["engine_profile"] = summarise_new_trace(trace_dir, traces_seen)
+            print(mode, tag, {k: round(raw[k], 2) for k in ("output_throughput", "mean_ttft_ms",
+                                                            "mean_tpot_ms") if k in raw}, flush=True)
+            save(mode, run)
         if greedy:
             run["greedy_tokens"] = greedy_completions(port, model_dir, greedy)
             save(mode, run)
@@ -396,9 +380,9 @@ def markdown(report: dict) -> str:
             lines.append(f"| {c} | " + " | ".join(both) + " |")
     agreement = report.get("greedy_agreement")
     if agreement:
-        lines += ["", f"Greedy agreement, {agreement['prompts']} fixed prompts x {agreement['tokens']} tokens: first "
-                  f"token equal {agreement['first_token_equal']}, all equal {agreement['all_tokens_equal']}, "
-                  f"mean equal prefix {agreement['mean_equal_prefix']:.1f} tokens."]
+        lines += ["", "Greedy agreement, {prompts} fixed prompts x {tokens_per_prompt} tokens: first token equal "
+                  "{first_token_agreement}, all equal {identical_sequences}, mean equal prefix "
+                  "{mean_common_prefix:.1f} tokens.".format(**agreement)]
     return "\n".join(lines) + "\n"
 
 def main() -> None:
@@ -419,14 +403,12 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[],
                         help="a further server flag for both servers (repeatable; --server-arg=--flag)")
     parser.add_argument("--native-server-arg", action="append", default=[],
-                        help="a further flag for the native server only, e.g. --native-server-arg=--moe-backend=triton "
-                             "where the host's default kernel cannot run here (the report records it)")
+                        help="a further flag for the native server only, e.g. =--moe-backend=triton where the "
+                             "host's default kernel cannot run (recorded)")
     parser.add_argument("--greedy-prompts", type=int, default=0,
                         help=f"after the timed runs, this many fixed prompts' {GREEDY_TOKENS} greedy tokens from each "
                              "server, and how far they agree")
-    parser.add_argument("--sweeps", type=int, default=1,
-                        help="run the concurrencies this many times on each server (fresh prompts each time); "
-                             "report the last sweep, the earlier ones beside it: steady state after first-use costs")
+    parser.add_argument("--sweeps", type=int, default=1, help="sweeps of the concurrencies; the last reported")
     parser.add_argument("--modes", default="native,atom",
                         help="atom: the ATOM server only (an A/B of ATOM settings beside a run with both)")
     parser.add_argument("--profile", action="store_true",
@@ -466,8 +448,7 @@ def main() -> None:
                            ", after an untimed warm-up burst at the "
                            f"highest concurrency ({WARM_UP_OUTPUT_LEN} output tokens a request); prompt seed 0 "
                            "for the warm-up, the concurrency for a timed run"
-                           + (f"; {args.sweeps} sweeps of the concurrencies, the last reported (prompt seed "
-                              f"+{SWEEP_SEED_STRIDE} a sweep)" if args.sweeps > 1 else "")),
+                           + (f"; {args.sweeps} sweeps, the last reported" if args.sweeps > 1 else "")),
               "concurrencies": concurrencies, "profiled": args.profile,
               "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)}}
     report["native"], report["atom"] = {}, {}
@@ -501,8 +482,8 @@ def write_report(report: dict, out: str) -> None:
         ratios[str(c)] = {k: a[k] / n[k] for k in METRICS if n.get(k) and k in a}
     report["ratio"] = ratios
     if "greedy_tokens" in report["native"] and "greedy_tokens" in report["atom"]:
-        report["greedy_agreement"] = greedy_agreement(report["native"]["greedy_tokens"],
-                                                      report["atom"]["greedy_tokens"])
+        report["greedy_agreement"] = token_agreement(report["native"]["greedy_tokens"],
+                                                     report["atom"]["greedy_tokens"])
     json.dump(report, open(out, "w"), indent=1)
     open(os.path.splitext(out)[0] + ".md", "w").write(markdown(report))
 
