@@ -53,8 +53,10 @@ NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm
     test_speculative_vllm.py test_quark_mxfp4_vllm.py)
 # Cells of those suites left to the 0.26 stage: each takes a host path that a sibling cell run on 0.32
 # takes too (the dense compile cell, the tensor-parallel cells, Qwen3 / Qwen3-MoE full attention in
-# test_vllm_parity, DeepSeek-V3's MLA, block FP8 on Qwen3 and DeepSeek-V3, two handed-back cells), or
-# checks vLLM alone rather than ATOM. Keeps CI well inside its 90 minutes.
+# test_vllm_parity, DeepSeek-V3's MLA, block FP8 on Qwen3 and DeepSeek-V3, two handed-back cells, the
+# published bf16 dense and MoE configs: one config path, which the quantized and hybrid configs take
+# too, at about 20 s a config on 0.32), or checks vLLM alone rather than ATOM. Keeps CI well inside
+# its 90 minutes.
 NEWEST_VLLM_REPEATED_CELLS=(
     "test_families_vllm.py::test_gpt_oss_tensor_parallel_2[tp+ep]"
     "test_families_vllm.py::test_atom_matches_hf_with_chunked_prefill_and_prefix_cache[Glm4MoeForCausalLM]"
@@ -65,6 +67,11 @@ NEWEST_VLLM_REPEATED_CELLS=(
     "test_mla_vllm_parity.py::test_atom_mla_with_forced_chunked_prefill[DeepseekV2ForCausalLM]"
     "test_takeover_vllm.py::test_handed_back_cells_end_as_vllm_alone[dynamic rope]"
     "test_takeover_vllm.py::test_handed_back_cells_end_as_vllm_alone[Quark FP8]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[qwen3-8b]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[qwen3-30b-a3b]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[llama-3.1-8b-instruct]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[mixtral-8x7b-instruct-v0.1]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[deepseek-v2-lite]"
     "test_fp8_vllm.py::test_fp8_checkpoint_served_by_atom[Qwen3-MoE, block FP8]"
     "test_mla_vllm_parity.py::test_atom_mla_tensor_parallel_2_with_expert_parallel"
     "test_fp8_vllm.py::test_block_fp8_mla_tensor_parallel_2_with_expert_parallel"

@@ -11,7 +11,9 @@ The cells and their outcomes are printed as a table at the end of the module (do
 lists them).
 """
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +30,7 @@ from vllm_testing import (
     tokens_of,
 )
 
-from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
+from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE, MXFP4_OPT_IN_REASON
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import (
     TINY_FP8_OVERRIDES,
@@ -203,6 +205,27 @@ def test_decision_for_each_family_from_vllm_config(architecture, tiny_model_dir,
         model = source if write is None else write(source, str(tmp_path / column))
         decision = takeover_decision(EngineArgs(model=model, max_model_len=256, **settings).create_engine_config())
         assert decision.reasons == (() if reason is None else (reason,)), column
+
+
+# Hub config.json files as published (atom-core's test data; sources beside it), and what vLLM
+# resolves their quantization to.
+PUBLISHED = json.loads((Path(__file__).parents[2] / "atom-core/tests/data/published_configs.json").read_text())
+PUBLISHED_QUANTIZATION = {"qwen3-30b-a3b-fp8": "fp8", "deepseek-v3": "fp8", "gpt-oss-20b": "gpt_oss_mxfp4",
+                          "gpt-oss-120b": "gpt_oss_mxfp4"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=needs_torchvision) if "vision_config" in config else name
+                                  for name, config in sorted(PUBLISHED.items())])
+def test_published_configs_decided_from_vllm_config(name, tmp_path, monkeypatch):
+    """Each published config through vLLM's own config reading (no weights, no tokenizer): ATOM serves
+    it, or hands back gpt-oss's MXFP4 experts (opt-in), as atom-core's test_takeover.py decides."""
+    monkeypatch.delenv("ATOM_SERVE_MXFP4", raising=False)
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[name]))
+    config = EngineArgs(model=str(tmp_path), max_model_len=256, skip_tokenizer_init=True,
+                        **BF16).create_engine_config()
+    assert config.model_config.quantization == PUBLISHED_QUANTIZATION.get(name)
+    reasons = (MXFP4_OPT_IN_REASON,) if name.startswith("gpt-oss") else ()
+    assert takeover_decision(config).reasons == reasons
 
 
 @needs_torchvision
