@@ -6,11 +6,16 @@ prefix-cache hits. The vision tower stays vLLM's and is off here (no tower tenso
 checkpoint); Qwen3.5's tests cover images through a VLM with ATOM's language model.
 """
 
+import json
+import os
+
 import pytest
 from test_vllm_parity import make_prompts, tokens_of
+from vllm.engine.arg_utils import EngineArgs
 from vllm_testing import hf_greedy, needs_torchvision, run_vllm
 
 from atom_core.testing.tiny_vision_language import build_tiny_kimi_k25_language_model
+from atom_vllm.config_translation import takeover_decision
 
 pytestmark = [pytest.mark.vllm, needs_torchvision]
 
@@ -30,3 +35,36 @@ def test_language_model_served_by_atom_matches_hf(tiny_model_dir, tmp_path):
     assert "vLLM's KimiK25ForConditionalGeneration builds its language model as DeepseekV2ForCausalLM" in result["log"]
     assert all(o["num_cached_tokens"] > 0 for o in result["phases"][1])
     assert tokens_of(result) == hf_greedy(text, phases[0] + phases[1], MAX_TOKENS)
+
+
+# Kimi-K2.5's text_config.quantization_config as published: int4 routed experts (compressed-tensors).
+KIMI_K25_INT4 = {
+    "config_groups": {"group_0": {"input_activations": None, "output_activations": None, "targets": ["Linear"],
+                                  "weights": {"actorder": None, "block_structure": None, "dynamic": False,
+                                              "group_size": 32, "num_bits": 4, "observer": "minmax",
+                                              "observer_kwargs": {}, "strategy": "group", "symmetric": True,
+                                              "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+
+
+@pytest.mark.parametrize("quantization, reasons", [
+    (None, ()), (KIMI_K25_INT4, ("compressed-tensors format 'pack-quantized' is not supported",))])
+def test_language_model_decision_reads_the_text_config(quantization, reasons, tiny_model_dir, tmp_path):
+    """The language model vLLM's class builds (its hf_config the text config, as
+    ``init_vllm_registered_model`` passes it): ATOM serves the bf16 checkpoint and hands the published
+    int4 one back to vLLM, which reads its quantization from the text config."""
+    model = build_tiny_kimi_k25_language_model(str(tmp_path / "kimi-k25"), tiny_model_dir("DeepseekV3ForCausalLM"))
+    if quantization:
+        with open(os.path.join(model, "config.json")) as f:
+            config = json.load(f)
+        config["text_config"]["quantization_config"] = quantization
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump(config, f)
+    args = EngineArgs(model=model, max_model_len=256, skip_tokenizer_init=True, dtype="bfloat16")
+    outer = args.create_engine_config()
+    assert outer.model_config.quantization == ("compressed-tensors" if quantization else None)
+    inner = outer.with_hf_config(outer.model_config.hf_config.text_config, architectures=["DeepseekV2ForCausalLM"])
+    assert takeover_decision(inner).reasons == reasons
