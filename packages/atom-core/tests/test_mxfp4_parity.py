@@ -101,11 +101,11 @@ def test_bf16_experts_in_an_mxfp4_checkpoint_are_an_error(checkpoints, tmp_path)
         atom_model(broken)
 
 
-def mxfp4_experts(rank: int, world_size: int, tensors: dict[str, torch.Tensor]) -> FusedMoE:
+def mxfp4_experts(rank: int, world_size: int, tensors: dict[str, torch.Tensor], inter: int = 64) -> FusedMoE:
     set_tp_group(TPGroup(rank, world_size, lambda x: x, lambda x, dim: x))
     try:
         with quantized_layers(QuantConfig("mxfp4", Mxfp4Scheme(), experts_only=True)):
-            experts = FusedMoE(4, 64, 64, prefix="experts", activation="clamped_swiglu",
+            experts = FusedMoE(4, 64, inter, prefix="experts", activation="clamped_swiglu",
                                interleaved=True, bias=True, checkpoint_layout=STACKED_TRANSPOSED)
     finally:
         set_tp_group(SINGLE_RANK)
@@ -115,33 +115,58 @@ def mxfp4_experts(rank: int, world_size: int, tensors: dict[str, torch.Tensor]) 
     return experts
 
 
-def test_tensor_parallel_ranks_hold_whole_blocks_and_sum_to_one_rank():
-    """TP=2 splits I = 64 into two blocks of 32: each rank's share of gate/up rows and of down's
-    packed K; the ranks' partial outputs (summed by the all-reduce) equal one rank's output."""
-    gate_up_blocks, gate_up_scales, _ = quantize_mxfp4(torch.randn(4, 128, 64) * 0.1)
-    down_blocks, down_scales, _ = quantize_mxfp4(torch.randn(4, 64, 64) * 0.1)
-    tensors = {"w13_weight": gate_up_blocks, "w13_weight_scale": gate_up_scales,
-               "w2_weight": down_blocks, "w2_weight_scale": down_scales,
-               "w13_bias": torch.randn(4, 128) * 0.1, "w2_bias": torch.randn(4, 64) * 0.1}
+def experts_checkpoint(inter: int) -> dict[str, torch.Tensor]:
+    """gpt-oss's stacked MXFP4 experts (4 experts, hidden 64, intermediate ``inter``) with biases."""
+    gate_up_blocks, gate_up_scales, _ = quantize_mxfp4(torch.randn(4, 2 * inter, 64) * 0.1)
+    down_blocks, down_scales, _ = quantize_mxfp4(torch.randn(4, 64, inter) * 0.1)
+    return {"w13_weight": gate_up_blocks, "w13_weight_scale": gate_up_scales,
+            "w2_weight": down_blocks, "w2_weight_scale": down_scales,
+            "w13_bias": torch.randn(4, 2 * inter) * 0.1, "w2_bias": torch.randn(4, 64) * 0.1}
+
+
+def assert_ranks_sum_to_one_rank(tensors: dict[str, torch.Tensor], inter: int, world_size: int) -> list[FusedMoE]:
+    """The ranks' partial outputs (summed by the all-reduce) equal one rank's output."""
     x = torch.randn(5, 64)
     weights, ids = torch.rand(5, 2).softmax(-1), torch.tensor([[0, 1], [2, 3], [1, 3], [0, 2], [3, 0]])
-    whole = mxfp4_experts(0, 1, tensors)
-    ranks = [mxfp4_experts(rank, 2, tensors) for rank in range(2)]
-    assert ranks[1].w2_weight.shape == (4, 64, 16) and ranks[1].w2_weight_scale.shape == (4, 64, 1)
-    assert torch.equal(ranks[1].w2_weight, whole.w2_weight[:, :, 16:])
-    assert torch.equal(ranks[1].w13_weight_scale, whole.w13_weight_scale[:, 64:])  # interleaved rows
+    whole = mxfp4_experts(0, 1, tensors, inter)
+    ranks = [mxfp4_experts(rank, world_size, tensors, inter) for rank in range(world_size)]
     with torch.no_grad():
         summed = sum(rank(x, weights, ids) for rank in ranks)
         torch.testing.assert_close(summed, whole(x, weights, ids), rtol=1e-5, atol=1e-6)
+    return [whole, *ranks]
 
 
-def test_an_intermediate_size_split_inside_a_block_is_an_error():
+def test_tensor_parallel_ranks_hold_whole_blocks_and_sum_to_one_rank():
+    """TP=2 splits I = 64 into two blocks of 32: each rank's share of gate/up rows and of down's
+    packed K."""
+    whole, _, rank_1 = assert_ranks_sum_to_one_rank(experts_checkpoint(64), 64, 2)
+    assert rank_1.w2_weight.shape == (4, 64, 16) and rank_1.w2_weight_scale.shape == (4, 64, 1)
+    assert torch.equal(rank_1.w2_weight, whole.w2_weight[:, :, 16:])
+    assert torch.equal(rank_1.w13_weight_scale, whole.w13_weight_scale[:, 64:])  # interleaved rows
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_share_inside_a_block_is_padded_to_whole_blocks(world_size):
+    """I = 96 (three blocks) splits into 48 or 24 values a rank, inside a block (gpt-oss's 2880 at
+    TP 4 or 8): every rank holds whole blocks, 64 or 32 values, the last ones' tails zero weights with
+    scale code 127 (so register decoding still takes the layer) and zero biases; the ranks' partial
+    outputs still sum to one rank's."""
+    models = assert_ranks_sum_to_one_rank(experts_checkpoint(96), 96, world_size)
+    last = models[-1]
+    assert last.local_intermediate == 128 // world_size
+    real = 96 - (world_size - 1) * last.local_intermediate  # 32 at TP 2, 0 at TP 4
+    assert not last.w2_weight[:, :, real // 2:].any() and not last.w13_weight[:, 2 * real:].any()
+    assert (last.w2_weight_scale[:, :, real // 32:] == 127).all()
+    assert (last.w13_weight_scale[:, 2 * real:] == 127).all() and not last.w13_bias[:, 2 * real:].any()
+
+
+def test_an_intermediate_size_split_inside_a_block_is_an_error_per_expert():
+    """Per-expert MXFP4 experts (AMD Quark's layout) are not padded: their split must be whole blocks."""
     set_tp_group(TPGroup(0, 4, lambda x: x, lambda x, dim: x))
     try:
         with quantized_layers(QuantConfig("mxfp4", Mxfp4Scheme(), experts_only=True)):
             with pytest.raises(ValueError, match="per-rank intermediate size 16 \\(TP 4\\)"):
-                FusedMoE(4, 64, 64, prefix="experts", checkpoint_layout=STACKED_TRANSPOSED,
-                         interleaved=True, bias=True)
+                FusedMoE(4, 64, 64, prefix="experts")
     finally:
         set_tp_group(SINGLE_RANK)
 

@@ -178,8 +178,9 @@ def test_experts_that_do_not_split_into_whole_blocks_are_handed_back(tmp_path, m
     """ATOM gives every TP rank its share of each expert. Qwen3-30B-A3B-FP8's 768 rows give 192 a rank
     at TP 4, not whole 128-row scale blocks: the host, with expert parallelism, keeps experts whole
     and serves it; ATOM hands it back, with or without expert parallelism. TP 2 (384 rows) and bf16
-    at TP 4 split fine; so do gpt-oss's 2880 MXFP4 rows at TP 2 (1440), not at TP 4 (720 / 32), and the
-    tiny Quark MXFP4 DeepSeek-V3's 64 rows at TP 2 (atom-vllm's TP 2 cell), not at TP 4 (16 a rank)."""
+    at TP 4 split fine; so does the tiny Quark MXFP4 DeepSeek-V3's 64 rows at TP 2 (atom-vllm's TP 2
+    cell), not at TP 4 (16 a rank). gpt-oss's 2880 MXFP4 rows are served at any TP: at TP 4 and 8
+    (720 and 360 a rank, inside 32-value blocks) ATOM pads each rank's share to whole blocks."""
     fp8 = hosted(published_config("qwen3-30b-a3b-fp8", tmp_path), tensor_parallel_size=4)
     reason = ("experts of 768 intermediate rows do not split across 4 tensor-parallel ranks in whole 128-row "
               "blocks of the checkpoint's scales")
@@ -192,10 +193,8 @@ def test_experts_that_do_not_split_into_whole_blocks_are_handed_back(tmp_path, m
         "experts of 768 intermediate rows do not split across 5 tensor-parallel ranks in equal parts",)
     monkeypatch.setenv("ATOM_SERVE_MXFP4", "1")
     gpt_oss = hosted(published_config("gpt-oss-20b", tmp_path), tensor_parallel_size=2)
-    assert decide_takeover(gpt_oss).atom_serves
-    assert decide_takeover(dataclasses.replace(gpt_oss, tensor_parallel_size=4)).reasons == (
-        "experts of 2880 intermediate rows do not split across 4 tensor-parallel ranks in whole 32-row "
-        "blocks of the checkpoint's scales",)
+    assert all(decide_takeover(dataclasses.replace(gpt_oss, tensor_parallel_size=tp, expert_parallel=ep)).atom_serves
+               for tp in (2, 4, 8) for ep in (False, True))
     quark = tiny_hf_config("DeepseekV3ForCausalLM", **TINY_QUARK_OVERRIDES,
                            quantization_config=quark_mxfp4_config())
     assert decide_takeover(hosted(quark, tensor_parallel_size=2, expert_parallel=True)).atom_serves

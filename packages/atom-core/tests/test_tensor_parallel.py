@@ -3,7 +3,9 @@
 Every rank builds the model under a TP group backed by torch.distributed, loads the full checkpoint
 (each layer keeps its own slice), and runs the same batch; rank 0 returns logits and every rank its
 parameter count. TP=4 puts fewer KV heads (2) than ranks, so KV heads are replicated; the vocab (499)
-splits unevenly. The vLLM-level TP=2 run is in atom-vllm's test_families_vllm.py.
+splits unevenly; an MXFP4 gpt-oss of three 32-value blocks of intermediate size splits inside a block
+at both sizes, so its ranks' shares are padded to whole blocks (atom_core.layers.moe). The vLLM-level
+TP=2 run is in atom-vllm's test_families_vllm.py.
 """
 
 import os
@@ -16,6 +18,7 @@ from test_hf_parity import atom_model
 
 from atom_core.distributed import SINGLE_RANK, TPGroup, set_tp_group
 from atom_core.layers.attention import standalone_batch
+from atom_core.testing.mxfp4_checkpoints import write_mxfp4_checkpoint
 
 ARCHITECTURES = [
     "LlamaForCausalLM",
@@ -25,6 +28,7 @@ ARCHITECTURES = [
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
 ]
+MXFP4 = "GptOssForCausalLM-mxfp4"
 LENGTHS = [7, 1, 23, 12]
 
 
@@ -73,8 +77,11 @@ def tp_worker(rank: int, world_size: int, init_file: str, model_dirs: list[str],
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tiny_model_dir):
-    return {arch: tiny_model_dir(arch) for arch in ARCHITECTURES}
+def model_dirs(tiny_model_dir, tmp_path_factory):
+    dirs = {arch: tiny_model_dir(arch) for arch in ARCHITECTURES}
+    source = tiny_model_dir("GptOssForCausalLM", hidden_size=128, intermediate_size=96)
+    dirs[MXFP4] = write_mxfp4_checkpoint(source, str(tmp_path_factory.mktemp("mxfp4")))
+    return dirs
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -92,7 +99,7 @@ def run_tp(world_size: int, model_dirs: list[str], out_dir, build=atom_model) ->
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", [*ARCHITECTURES, MXFP4])
 def test_tp_matches_single_rank(tp_run, model_dirs, architecture):
     world_size, ranks = tp_run
     assert_tp_matches_single_rank(world_size, ranks, model_dirs[architecture])

@@ -197,16 +197,20 @@ def _expert_split(model: HostedModel) -> str | None:
     """ATOM gives each TP rank 1/tp of every expert's intermediate rows (expert parallelism too), so
     they must divide, into whole blocks of a block-FP8 or MXFP4 checkpoint's scales. The host, asked
     for expert parallelism, keeps experts whole and serves such a split (Qwen3-30B-A3B-FP8 at TP 4:
-    192 rows a rank, against 128-row blocks); without it the host refuses it too."""
+    192 rows a rank, against 128-row blocks); without it the host refuses it too. gpt-oss's MXFP4
+    experts are padded to whole blocks a rank instead (atom_core.layers.moe), as vLLM pads them."""
     tp = model.tensor_parallel_size
     if not _has_experts(model) or tp <= 1:
         return None
-    rows = getattr(model.hf_config, SUPPORTED_ARCHITECTURES[model.architecture].expert_intermediate_key)
+    entry = SUPPORTED_ARCHITECTURES[model.architecture]
+    rows = getattr(model.hf_config, entry.expert_intermediate_key)
     try:
         checkpoint = quant_config_from_hf(model.hf_config)
     except UnsupportedQuantization:  # _quantization names it
         return None
     scheme = checkpoint.scheme if checkpoint is not None else None
+    if isinstance(scheme, Mxfp4Scheme) and entry.mxfp4_experts:
+        return None
     block = (scheme.block if isinstance(scheme, Mxfp4Scheme) else scheme.weight_block) if scheme else None
     if rows % tp or (block and rows // tp % block):
         whole = f"whole {block}-row blocks of the checkpoint's scales" if block else "equal parts"

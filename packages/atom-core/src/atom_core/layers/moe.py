@@ -23,7 +23,9 @@ fills its expert's channels). Expert activations are quantized dynamically.
 Under an MXFP4 scheme (gpt-oss as published) the weights stay packed as they ship: ``w13_weight``
 uint8 [E, 2 * I/tp, D / 2] and ``w2_weight`` uint8 [E, D, I/tp / 2], two e2m1 values per byte, with
 e8m0 ``w13_weight_scale`` uint8 [E, 2 * I/tp, D / 32] and ``w2_weight_scale`` [E, D, I/tp / 32]; a
-rank's share of the intermediate dim is whole 32-value blocks. gpt-oss's activations are not
+rank's share of the intermediate dim is whole 32-value blocks: where I/tp is not (gpt-oss's 2880 at
+TP 4 or 8), every rank holds I/tp rounded up to them, the last ranks' tails zero weights (scale code
+127, in the range of register decoding), as vLLM pads. gpt-oss's activations are not
 quantized; AMD Quark's W4A4 experts (per expert, ``experts.{e}.gate_proj.weight`` uint8 [I, D / 2]
 and ``.weight_scale`` uint8 [I, D / 32], ...) round both GEMMs' inputs to MXFP4 and back.
 A checkpoint provides them in one of two layouts, which fixes the parameters' shard ids:
@@ -157,9 +159,14 @@ class FusedMoE(nn.Module):
         self.swiglu_limit = swiglu_limit
         self.checkpoint_layout = checkpoint_layout
         self.reduce_results = reduce_results
-        self.local_intermediate = divide(intermediate_size, self.tp.world_size)
+        self.intermediate_size = intermediate_size
         self.scheme = layer_scheme(prefix, experts=True)
         self.mxfp4 = isinstance(self.scheme, Mxfp4Scheme)
+        if self.mxfp4 and not per_expert and intermediate_size % self.scheme.block == 0:
+            block = self.scheme.block
+            self.local_intermediate = -(-intermediate_size // (block * self.tp.world_size)) * block
+        else:
+            self.local_intermediate = divide(intermediate_size, self.tp.world_size)
         if self.mxfp4:
             self._make_mxfp4_params(num_experts, hidden_size, per_expert)
         else:
@@ -231,23 +238,30 @@ class FusedMoE(nn.Module):
     def w2_scale(self) -> nn.Parameter | None:
         return None if self.scheme is None else getattr(self, f"w2_{self._scale_name}")
 
-    def _rank_slice(self, full: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-        """This rank's ``size`` entries of ``full`` along ``dim``, which holds every rank's."""
-        if full.shape[dim] != size * self.tp.world_size:
+    def _copy_rank_part(self, target: torch.Tensor, full: torch.Tensor, dim: int, per_value: float,
+                        pad: int = 0) -> None:
+        """Copy this rank's share of ``full`` along ``dim`` into ``target``: ``per_value`` entries per
+        intermediate value (rows 1, packed bytes 1/2, scales 1/32, interleaved gate/up rows 2). Past
+        the checkpoint's intermediate size (a padded rank's tail) ``target`` gets ``pad``."""
+        local, total = int(self.local_intermediate * per_value), int(self.intermediate_size * per_value)
+        if full.shape[dim] != total:
             raise ValueError(f"checkpoint tensor {tuple(full.shape)} has {full.shape[dim]} entries "
-                             f"along dim {dim}, expected {size * self.tp.world_size}")
-        return full.narrow(dim, self.tp.rank * size, size)
+                             f"along dim {dim}, expected {total}")
+        start = self.tp.rank * local
+        real = max(0, min(local, total - start))
+        copy_checked(target.narrow(dim, 0, real), full.narrow(dim, start, real))
+        target.narrow(dim, real, local - real).fill_(pad)
 
-    def _rank_gate_up(self, full: torch.Tensor, dim: int) -> torch.Tensor:
+    def _copy_rank_gate_up(self, target: torch.Tensor, full: torch.Tensor, dim: int, pad: int = 0) -> None:
         """This rank's gate/up rows of a full [.., 2I, ..] tensor (``dim`` indexes the 2I rows)."""
-        size = self.local_intermediate
         if self.interleaved:  # g0 u0 g1 u1 ...: a rank's intermediate slice is contiguous
-            return self._rank_slice(full, dim, 2 * size)
-        gate, up = full.chunk(2, dim=dim)
-        return torch.cat([self._rank_slice(gate, dim, size), self._rank_slice(up, dim, size)], dim)
+            self._copy_rank_part(target, full, dim, 2, pad)
+            return
+        for part, whole in zip(target.chunk(2, dim=dim), full.chunk(2, dim=dim), strict=True):
+            self._copy_rank_part(part, whole, dim, 1, pad)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        size, rank = self.local_intermediate, self.tp.rank
+        rank = self.tp.rank
         if self.checkpoint_layout == PER_EXPERT:
             self._load_per_expert(param, loaded, shard_id)
             return
@@ -256,11 +270,11 @@ class FusedMoE(nn.Module):
         if self.mxfp4 and param is not self.w13_bias and param is not self.w2_bias:
             self._load_mxfp4(param, loaded)
         elif param is self.w13_weight:  # [E, D, 2I] -> [E, 2I, D]
-            copy_checked(param.data, self._rank_gate_up(loaded.transpose(1, 2), 1))
+            self._copy_rank_gate_up(param.data, loaded.transpose(1, 2), 1)
         elif param is self.w2_weight:  # [E, I, D] -> [E, D, I]
-            copy_checked(param.data, self._rank_slice(loaded.transpose(1, 2), 2, size))
+            self._copy_rank_part(param.data, loaded.transpose(1, 2), 2, 1)
         elif param is self.w13_bias:
-            copy_checked(param.data, self._rank_gate_up(loaded, 1))
+            self._copy_rank_gate_up(param.data, loaded, 1)
         else:
             # The down bias is added once: every rank's partial sum would otherwise carry it.
             copy_checked(param.data, loaded if rank == 0 else torch.zeros_like(loaded))
@@ -268,19 +282,19 @@ class FusedMoE(nn.Module):
     def _load_mxfp4(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """gpt-oss's packed blocks [E, N, K / 32, 16] (flattened to [E, N, K / 2]) or scales
         [E, N, K / 32]: rows are output channels, so gate/up rows split as the bf16 ones do and
-        down's K (the intermediate dim) splits in whole blocks."""
+        down's K (the intermediate dim) splits in whole blocks. Padding is zero bytes with scale code
+        127 (a factor of 1)."""
         block = self.scheme.block
-        values_per_entry = block  # a scale covers a block
+        values_per_entry, pad = block, 127  # a scale covers a block
         if param is self.w13_weight or param is self.w2_weight:
             if loaded.dim() != 4 or loaded.shape[-1] != block // 2:
                 raise ValueError(f"MXFP4 blocks are [experts, rows, K / {block}, {block // 2}], got "
                                  f"{tuple(loaded.shape)}")
-            loaded, values_per_entry = loaded.flatten(2), 2  # a byte holds two values
+            loaded, values_per_entry, pad = loaded.flatten(2), 2, 0  # a byte holds two values
         if param is self.w13_weight or param is self.w13_scale:
-            copy_checked(param.data, self._rank_gate_up(loaded, 1))
+            self._copy_rank_gate_up(param.data, loaded, 1, pad)
         else:
-            size = self.local_intermediate // values_per_entry
-            copy_checked(param.data, self._rank_slice(loaded, 2, size))
+            self._copy_rank_part(param.data, loaded, 2, 1 / values_per_entry, pad)
 
     def _load_per_expert(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
         """One expert's gate, up or down tensor (or its scale); the intermediate dim is split across
