@@ -7,7 +7,7 @@ checkpoint); Qwen3.5's tests cover images through a VLM with ATOM's language mod
 """
 
 import json
-import os
+from pathlib import Path
 
 import pytest
 from test_vllm_parity import make_prompts, tokens_of
@@ -53,16 +53,12 @@ KIMI_K25_INT4 = {
 @pytest.mark.parametrize("quantization, reasons", [
     (None, ()), (KIMI_K25_INT4, ("compressed-tensors format 'pack-quantized' is not supported",))])
 def test_language_model_decision_reads_the_text_config(quantization, reasons, tiny_model_dir, tmp_path):
-    """The language model vLLM's class builds (its hf_config the text config, as
-    ``init_vllm_registered_model`` passes it): ATOM serves the bf16 checkpoint and hands the published
-    int4 one back to vLLM, which reads its quantization from the text config."""
+    """The language model vLLM's class builds (hf_config: the text config, as
+    ``init_vllm_registered_model`` passes it): ATOM serves bf16 and hands the int4 one back."""
     model = build_tiny_kimi_k25_language_model(str(tmp_path / "kimi-k25"), tiny_model_dir("DeepseekV3ForCausalLM"))
-    if quantization:
-        with open(os.path.join(model, "config.json")) as f:
-            config = json.load(f)
-        config["text_config"]["quantization_config"] = quantization
-        with open(os.path.join(model, "config.json"), "w") as f:
-            json.dump(config, f)
+    config = json.loads((Path(model) / "config.json").read_text())
+    config["text_config"]["quantization_config"] = quantization
+    (Path(model) / "config.json").write_text(json.dumps(config))
     args = EngineArgs(model=model, max_model_len=256, skip_tokenizer_init=True, dtype="bfloat16")
     outer = args.create_engine_config()
     assert outer.model_config.quantization == ("compressed-tensors" if quantization else None)
