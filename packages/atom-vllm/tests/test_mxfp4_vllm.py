@@ -12,7 +12,8 @@ At TP 2 the tiny model's intermediate size is five 32-value blocks, so each rank
 lies inside a block: ATOM gives each rank three blocks (96), the second rank's last one zeros, as it
 pads gpt-oss's 2880 at TP 4 and 8.
 The reference stays ATOM alone at TP 1: the two ranks' bfloat16 partial sums round differently from
-one rank's sum, so later decode steps may break a near tie the other way (one token of 8 did here):
+one rank's sum, so a later decode step may break a near tie the other way (here one of the two
+prompts' tokens part from ATOM alone's at the sixth of 8):
 at TP 2 the first generated token is held to ATOM alone's greedy pick, or one within the
 tolerance of it. With three blocks instead (48 values a rank, padded to 64) that rounding moved one
 prompt position by 0.28 (the others under 0.13), past the tolerance, and ATOM alone at TP 2 (gloo)
