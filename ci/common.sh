@@ -54,7 +54,7 @@ NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm
 # Cells of those suites left to the 0.26 stage: each takes a host path that a sibling cell run on 0.32
 # takes too (the dense compile cell, the tensor-parallel cells, Qwen3 / Qwen3-MoE full attention in
 # test_vllm_parity, DeepSeek-V3's MLA, block FP8 on Qwen3 and DeepSeek-V3, two handed-back cells, the
-# published bf16 dense and MoE configs: one config path, which the quantized and hybrid configs take
+# published bf16 dense and MoE configs and the second Qwen3.5: one config path, which the quantized and hybrid configs take
 # too, at about 20 s a config on 0.32), or checks vLLM alone rather than ATOM. Keeps CI well inside
 # its 90 minutes.
 NEWEST_VLLM_REPEATED_CELLS=(
@@ -72,6 +72,10 @@ NEWEST_VLLM_REPEATED_CELLS=(
     "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[llama-3.1-8b-instruct]"
     "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[mixtral-8x7b-instruct-v0.1]"
     "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[deepseek-v2-lite]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[llama-3.1-70b]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[mixtral-8x22b-v0.1]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[qwen3-coder-480b-a35b-instruct]"
+    "test_takeover_vllm.py::test_published_configs_decided_from_vllm_config[qwen3.5-27b]"
     "test_fp8_vllm.py::test_fp8_checkpoint_served_by_atom[Qwen3-MoE, block FP8]"
     "test_mla_vllm_parity.py::test_atom_mla_tensor_parallel_2_with_expert_parallel"
     "test_fp8_vllm.py::test_block_fp8_mla_tensor_parallel_2_with_expert_parallel"

@@ -1,5 +1,8 @@
 """SGLang ModelConfig -> atom_core Config: the translation table, and the CPU padding undone."""
 
+import gzip
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -109,3 +112,30 @@ def test_vision_language_models_are_handed_back():
     qwen3_5 = SimpleNamespace(hf_config=tiny_vision_language_config("Qwen3_5ForConditionalGeneration"),
                               dtype=torch.bfloat16, quantization=None)
     assert takeover_decision(server_args, qwen3_5).reasons == (VISION_LANGUAGE_REASON,)
+
+
+# Hub checkpoints' config files as published (atom-core's test data; sources beside it). Left out:
+# what SGLang alone refuses on a CPU before ATOM is asked (gpt-oss: no mxfp4 method; DeepSeek-V3.2:
+# wants an NVIDIA driver; the hybrids: its default state-cache strategy wants a GPU).
+PUBLISHED = json.loads(gzip.decompress(
+    (Path(__file__).parents[2] / "atom-core/tests/data/published_checkpoints.json.gz").read_bytes()))
+SGLANG_REFUSES_ON_CPU = {"gpt-oss-20b", "gpt-oss-120b", "deepseek-v3.2", "qwen3-next-80b-a3b-instruct",
+                         "qwen3.5-27b", "qwen3.5-35b-a3b"}
+PUBLISHED_HANDED_BACK = {
+    "qwen3-vl-8b-instruct": "ATOM has no implementation of Qwen3VLForConditionalGeneration",
+    "llama-3.1-70b-instruct-fp8": "quantization 'modelopt_fp8' is not supported",
+    "deepseek-v3.1-nvfp4": "quantization 'modelopt_fp4' is not supported"}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED.keys() - SGLANG_REFUSES_ON_CPU))
+def test_published_configs_decided_from_sglang_model_config(name, tmp_path):
+    """Each published checkpoint's config files through SGLang's own ModelConfig (no weights): ATOM
+    serves it, or hands it back with its reason. ModelOpt checkpoints keep their quantization in
+    hf_quant_config.json, which SGLang reads and ATOM must not mistake for an unquantized checkpoint."""
+    from sglang.srt.server_args import ServerArgs
+
+    for file_name, content in PUBLISHED[name].items():
+        (tmp_path / file_name).write_text(json.dumps(content))
+    server_args = in_effect(ServerArgs(model_path=str(tmp_path), device="cpu", skip_tokenizer_init=True))
+    reason = PUBLISHED_HANDED_BACK.get(name)
+    assert takeover_decision(server_args, model_config_of(server_args)).reasons == (() if reason is None else (reason,))

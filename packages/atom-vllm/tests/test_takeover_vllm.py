@@ -11,6 +11,7 @@ The cells and their outcomes are printed as a table at the end of the module (do
 lists them).
 """
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -207,25 +208,38 @@ def test_decision_for_each_family_from_vllm_config(architecture, tiny_model_dir,
         assert decision.reasons == (() if reason is None else (reason,)), column
 
 
-# Hub config.json files as published (atom-core's test data; sources beside it), and what vLLM
-# resolves their quantization to.
-PUBLISHED = json.loads((Path(__file__).parents[2] / "atom-core/tests/data/published_configs.json").read_text())
+# Hub checkpoints' config files as published (atom-core's test data; sources beside it), what vLLM
+# resolves their quantization to, and why ATOM hands back those it does not serve.
+PUBLISHED = json.loads(gzip.decompress(
+    (Path(__file__).parents[2] / "atom-core/tests/data/published_checkpoints.json.gz").read_bytes()))
 PUBLISHED_QUANTIZATION = {"qwen3-30b-a3b-fp8": "fp8", "deepseek-v3": "fp8", "gpt-oss-20b": "gpt_oss_mxfp4",
-                          "gpt-oss-120b": "gpt_oss_mxfp4"}
+                          "gpt-oss-120b": "gpt_oss_mxfp4", "qwen3-32b-fp8": "fp8", "qwen3-235b-a22b-fp8": "fp8",
+                          "kimi-k2-instruct": "fp8", "deepseek-v3.2": "fp8",
+                          "llama-3.1-70b-instruct-fp8": "modelopt", "deepseek-v3.1-nvfp4": "modelopt_fp4"}
+PUBLISHED_HANDED_BACK = {
+    "gpt-oss-20b": MXFP4_OPT_IN_REASON, "gpt-oss-120b": MXFP4_OPT_IN_REASON,
+    "deepseek-v3.2": "ATOM has no implementation of DeepseekV32ForCausalLM",
+    "qwen3-vl-8b-instruct": "ATOM has no implementation of Qwen3VLForConditionalGeneration",
+    "llama-3.1-70b-instruct-fp8": "quantization 'modelopt' is not supported",
+    "deepseek-v3.1-nvfp4": "quantization 'modelopt_fp4' is not supported"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=needs_torchvision) if "vision_config" in config else name
-                                  for name, config in sorted(PUBLISHED.items())])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=needs_torchvision)
+                                  if "vision_config" in files["config.json"] else name
+                                  for name, files in sorted(PUBLISHED.items())])
 def test_published_configs_decided_from_vllm_config(name, tmp_path, monkeypatch):
-    """Each published config through vLLM's own config reading (no weights, no tokenizer): ATOM serves
-    it, or hands back gpt-oss's MXFP4 experts (opt-in), as atom-core's test_takeover.py decides."""
+    """Each published checkpoint's config files through vLLM's own config reading (no weights, no
+    tokenizer): ATOM serves it, or hands it back with its reason (gpt-oss's MXFP4 experts are
+    opt-in), as atom-core's test_takeover.py decides. ModelOpt checkpoints keep their quantization
+    in hf_quant_config.json, which vLLM reads."""
     monkeypatch.delenv("ATOM_SERVE_MXFP4", raising=False)
-    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[name]))
+    for file_name, content in PUBLISHED[name].items():
+        (tmp_path / file_name).write_text(json.dumps(content))
     config = EngineArgs(model=str(tmp_path), max_model_len=256, skip_tokenizer_init=True,
                         **BF16).create_engine_config()
     assert config.model_config.quantization == PUBLISHED_QUANTIZATION.get(name)
-    reasons = (MXFP4_OPT_IN_REASON,) if name.startswith("gpt-oss") else ()
-    assert takeover_decision(config).reasons == reasons
+    reason = PUBLISHED_HANDED_BACK.get(name)
+    assert takeover_decision(config).reasons == (() if reason is None else (reason,))
 
 
 @needs_torchvision

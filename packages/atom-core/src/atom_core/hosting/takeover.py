@@ -110,6 +110,9 @@ def _quantization(model: HostedModel) -> str | None:
     if checkpoint is None:
         if model.quantization is None:
             return None
+        # ModelOpt checkpoints may keep their method in hf_quant_config.json, which only the hosts read.
+        if model.quantization.startswith("modelopt"):
+            return f"quantization {model.quantization!r} is not supported"
         return f"online quantization {model.quantization!r} of an unquantized checkpoint is not supported"
     if model.quantization not in (None, checkpoint.method):
         return (f"quantization {model.quantization!r} differs from the checkpoint's "
