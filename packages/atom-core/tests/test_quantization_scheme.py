@@ -52,6 +52,7 @@ def test_served_schemes(quantization, scheme):
 
 @pytest.mark.parametrize("quantization,reason", [
     ({"quant_method": "awq"}, "quantization 'awq' is not supported"),
+    ({"config_groups": {}}, "quantization_config names no quant_method"),
     ({**FP8, "fmt": "e5m2"}, "fp8 format 'e5m2' is not supported"),
     ({**FP8, "weight_block_size": [128, 64]}, "weight_block_size [128, 64] is not supported"),
     ({**FP8, "activation_scheme": "static", "weight_block_size": [128, 128]},

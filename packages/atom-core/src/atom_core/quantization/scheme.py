@@ -286,6 +286,8 @@ def quant_config_from_hf(hf_config: Any) -> QuantConfig | None:
     if not isinstance(config, Mapping):
         config = config.to_dict()
     method = config.get("quant_method")
+    if not method:
+        raise UnsupportedQuantization("quantization_config names no quant_method")
     if method not in _PARSERS:
         raise UnsupportedQuantization(f"quantization {method!r} is not supported")
     return _PARSERS[method](config)
