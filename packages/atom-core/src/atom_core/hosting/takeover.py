@@ -300,7 +300,7 @@ _CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
 
 
 EXPERT_PARALLEL_NOTE = ("expert parallelism is served by splitting every expert across the tensor-parallel "
-                        "ranks (each rank holds the same share of the expert weights as with whole experts)")
+                        "ranks (each rank holds about the same share of the expert weights as with whole experts)")
 
 
 @dataclass(frozen=True)
