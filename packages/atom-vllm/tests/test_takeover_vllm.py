@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DeepseekV3Config
 from vllm.engine.arg_utils import EngineArgs
 from vllm_testing import (
     VllmRunFailed,
@@ -233,6 +234,10 @@ def test_published_configs_decided_from_vllm_config(name, tmp_path, monkeypatch)
     opt-in), as atom-core's test_takeover.py decides. ModelOpt checkpoints keep their quantization
     in hf_quant_config.json, which vLLM reads."""
     monkeypatch.delenv("ATOM_SERVE_MXFP4", raising=False)
+    # vLLM reads kimi_k2 (and, where transformers lacks it, deepseek_v32) as DeepseekV3Config and sets
+    # that class's model_type to it, for the whole process: later tiny DeepSeek-V3 checkpoints of this
+    # test process would then be saved without HF's expert renaming. Restored at teardown.
+    monkeypatch.setattr(DeepseekV3Config, "model_type", DeepseekV3Config.model_type)
     for file_name, content in PUBLISHED[name].items():
         (tmp_path / file_name).write_text(json.dumps(content))
     config = EngineArgs(model=str(tmp_path), max_model_len=256, skip_tokenizer_init=True,
