@@ -54,9 +54,9 @@ NEWEST_VLLM_SUITES=(test_plugin_guards.py test_vllm_parity.py test_families_vllm
 # Cells of those suites left to the 0.26 stage: each takes a host path that a sibling cell run on 0.32
 # takes too (the dense compile cell, the tensor-parallel cells, Qwen3 / Qwen3-MoE full attention in
 # test_vllm_parity, DeepSeek-V3's MLA, block FP8 on Qwen3 and DeepSeek-V3, two handed-back cells, the
-# published bf16 dense and MoE configs and the second Qwen3.5: one config path, which the quantized and hybrid configs take
-# too, at about 20 s a config on 0.32), or checks vLLM alone rather than ATOM. Keeps CI well inside
-# its 90 minutes.
+# published bf16 dense and MoE configs and the second Qwen3.5: one config path, which the quantized
+# and hybrid configs take too, at about 20 s a config on 0.32), or checks vLLM alone rather than
+# ATOM. Keeps CI well inside its 90 minutes.
 NEWEST_VLLM_REPEATED_CELLS=(
     "test_families_vllm.py::test_gpt_oss_tensor_parallel_2[tp+ep]"
     "test_families_vllm.py::test_atom_matches_hf_with_chunked_prefill_and_prefix_cache[Glm4MoeForCausalLM]"

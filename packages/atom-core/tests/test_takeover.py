@@ -67,9 +67,9 @@ EXPECTED_REASONS = {
     "mixtral-8x22b-v0.1": (),
     "qwen3-vl-8b-instruct": ("ATOM has no implementation of Qwen3VLForConditionalGeneration",),
 }
-# Read by vLLM's own config classes only (test_takeover_vllm.py): kimi-k2-instruct (model_type
-# kimi_k2, remote code for transformers), deepseek-v3.2 (unknown to transformers 5.5.3), and the
-# ModelOpt checkpoints, whose quantization sits in hf_quant_config.json, which only the hosts read.
+# Read by the hosts' own config readers only (test_takeover_vllm.py, test_sglang_config_translation.py):
+# kimi-k2-instruct (model_type kimi_k2, remote code for transformers), deepseek-v3.2 (unknown to
+# transformers 5.5.3), and the ModelOpt checkpoints, whose quantization sits in hf_quant_config.json.
 
 
 def published_config(name: str, tmp_path: Path):
