@@ -43,7 +43,7 @@ from atom_core.testing.tiny_models import tiny_hf_config
 
 # Hub checkpoints' config files as published, name -> {file name: content} (config.json, and
 # hf_quant_config.json where a checkpoint keeps its quantization there; sources:
-# data/published_configs_sources.md). Gzipped: 54 KB of JSON.
+# data/published_configs_sources.md). Gzipped: 53 KB of JSON.
 PUBLISHED = json.loads(gzip.decompress((Path(__file__).parent / "data" / "published_checkpoints.json.gz").read_bytes()))
 
 # What each published checkpoint gets, served as its Hub repository ships it.
