@@ -20,71 +20,16 @@ import argparse
 import faulthandler
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_summary import kernel_times, summarise  # noqa: E402
 from offline_workload import engine_arg, random_prompts  # noqa: E402
 
 from atom_vllm.served_by import describe_served_model  # noqa: E402
-
-# First match wins: kernel name -> op class.
-OP_CLASSES = [
-    ("moe", r"moe|expert|topk|grouped_gemm|_fused_experts"),
-    ("kv_cache", r"reshape_and_cache|concat_and_cache"),
-    ("linear_attention", r"gated_delta|delta_rule|chunk_|solve_tril|inverse|recompute_w_u|conv1d|gdn|l2norm"),
-    ("attention", r"flash|fmha|attention|attn|paged|merge_splits|mla"),
-    ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|sm90_|wgmma|matmul"),
-    ("norm", r"rms|norm"),
-    ("rope", r"rotary|rope"),
-    ("activation", r"silu|gelu|act_and_mul|swiglu|gated_activation"),
-    ("sampling", r"sample|softmax|argmax|sort|log_softmax|gumbel|topp|penalt"),
-    ("inductor_fused", r"^triton_"),
-    ("copy_elementwise", r"copy|elementwise|fill|cat|index|gather|scatter|memcpy|memset|reduce"),
-]
-
-
-def op_class(name: str) -> str:
-    lowered = name.lower()
-    for label, pattern in OP_CLASSES:
-        if re.search(pattern, lowered):
-            return label
-    return "other"
-
-
-def kernel_times(prof) -> tuple[dict[str, float], int]:
-    """Microseconds of GPU time per kernel name in a finished profile, and the number of kernels run."""
-    from torch.autograd import DeviceType
-
-    times: dict[str, float] = {}
-    launches = 0
-    for event in prof.events():
-        if event.device_type == DeviceType.CUDA:
-            times[event.name] = times.get(event.name, 0.0) + event.device_time
-            launches += 1
-    return times, launches
-
-
-def summarise(times: dict[str, float], launches: int, wall_s: float, steps: int) -> dict:
-    classes: dict[str, float] = {}
-    for name, us in times.items():
-        classes[op_class(name)] = classes.get(op_class(name), 0.0) + us
-    busy = sum(times.values())
-    per_step = max(steps, 1)
-    top = sorted(times.items(), key=lambda kv: -kv[1])[:30]
-    return {
-        "steps": steps,
-        "wall_ms_per_step": 1e3 * wall_s / per_step,
-        "gpu_busy_ms_per_step": busy / 1e3 / per_step,
-        # GPU work (kernels and copies) per step, CUDA-graph replays included: with wall time against
-        # GPU-busy time, what a host-bound step spends its host time on.
-        "gpu_ops_per_step": launches / per_step,
-        "classes_ms_per_step": {k: v / 1e3 / per_step for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
-        "top_kernels_ms_per_step": [[name[:160], op_class(name), us / 1e3 / per_step] for name, us in top],
-    }
 
 
 def host_ops(prof, steps: int) -> list:

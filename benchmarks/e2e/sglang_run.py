@@ -4,7 +4,7 @@ keys, for SGLang.
 Run in a fresh process per configuration (SGLang loads plugins and reads ATOM_* switches once per process):
     python sglang_run.py (--config CONFIG.json | --checkpoint DIR) --out RESULT.json [--eager]
         [--correctness N,L] [--throughput N,IN,OUT] [--kv-cache-dtype auto|fp8_e4m3|...] [--dtype float32]
-        [--engine-arg KEY=VALUE ...]
+        [--engine-arg KEY=VALUE ...] [--profile]
 ATOM_DISABLE_SGLANG_PLUGIN=1 runs SGLang without ATOM (native). Otherwise SGLang's defaults: CUDA
 graphs (``--eager``: disable_cuda_graph), radix cache, chunked prefill, its default attention backend
 (ATOM's ``atom`` backend where ATOM serves the model). ``--engine-arg`` passes any further
@@ -28,16 +28,19 @@ the engine was ready: the kernels whose compiling a first timed pass pays for.
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
+from kernel_summary import summarise, trace_kernel_times
 from offline_workload import (
     add_workload_arguments,
     correctness_prompts,
     measure_throughput,
     model_dir,
+    random_prompts,
     run_header,
     vocab_size,
     write_result,
@@ -54,6 +57,10 @@ if LOG_COMPILES:
     log_triton_compiles()
 
 TOP_LOGPROBS = 20
+# The profiled windows (profile_windows): prompts of the prefill window, and a seed apart from the
+# measured passes' (offline_workload), so that no window's prompt hits the radix cache.
+PREFILL_PROMPTS = 16
+PROFILE_SEED = 500
 
 
 def copy_stderr() -> str:
@@ -71,6 +78,8 @@ def copy_stderr() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_workload_arguments(parser)
+    parser.add_argument("--profile", action="store_true",
+                        help="then per-kernel GPU time of a prefill window and of the workload (profile_windows)")
     args = parser.parse_args()
     log_path = copy_stderr()
 
@@ -87,6 +96,8 @@ def main() -> None:
     ready_at = os.path.getsize(log_path)
     try:
         measured = measure(engine, args, vocab)
+        if args.profile:
+            measured["profile"] = profile_windows(engine, args, vocab)
         scheduler = engine.get_server_info()["internal_states"][0]
     finally:
         engine.shutdown()
@@ -102,16 +113,17 @@ def main() -> None:
     write_result({**result, "weights_gib": float(scheduler["memory_usage"]["weight"]), **measured}, args.out)
 
 
+def generate(engine, prompts: list[list[int]], max_tokens: int, **logprobs) -> list[dict]:
+    params = {"temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}
+    return engine.generate(input_ids=prompts, sampling_params=params, **logprobs)
+
+
 def measure(engine, args: argparse.Namespace, vocab: int) -> dict:
     """The correctness probe and the throughput workload, as engine_run.py runs them."""
-    def generate(prompts: list[list[int]], max_tokens: int, **logprobs) -> list[dict]:
-        params = {"temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}
-        return engine.generate(input_ids=prompts, sampling_params=params, **logprobs)
-
     measured = {}
     if args.correctness:
         count, new_tokens = map(int, args.correctness.split(","))
-        outputs = generate(correctness_prompts(count, vocab), new_tokens, return_logprob=True,
+        outputs = generate(engine, correctness_prompts(count, vocab), new_tokens, return_logprob=True,
                            top_logprobs_num=TOP_LOGPROBS)
         measured["correctness"] = {
             "tokens": [o["output_ids"] for o in outputs],
@@ -121,9 +133,35 @@ def measure(engine, args: argparse.Namespace, vocab: int) -> dict:
         }
     if args.throughput:
         measured["throughput"] = measure_throughput(
-            lambda prompts, max_tokens: sum(len(o["output_ids"]) for o in generate(prompts, max_tokens)),
+            lambda prompts, max_tokens: sum(len(o["output_ids"]) for o in generate(engine, prompts, max_tokens)),
             args.throughput, vocab, args.warm_passes, args.timed_passes)
     return measured
+
+
+def profile_windows(engine, args: argparse.Namespace, vocab: int) -> dict:
+    """Per-kernel GPU time of two windows, after the measured passes (so nothing compiles in them), under
+    the scheduler's torch profiler (``Engine.start_profile``, GPU activity only): ``prefill``,
+    PREFILL_PROMPTS x 1024-token prompts and one output token each, and ``workload``, the throughput
+    workload (``--throughput``) on new prompts. SGLang's step count is not visible from here, so times
+    are per window (kernel_summary.summarise)."""
+    count, in_len, out_len = map(int, args.throughput.split(","))
+    windows = {"prefill": random_prompts(PREFILL_PROMPTS, 1024, vocab, seed=PROFILE_SEED),
+               "workload": random_prompts(count, in_len, vocab, seed=PROFILE_SEED + 1)}
+    out_lens = {"prefill": 1, "workload": out_len}
+    trace_dir = tempfile.mkdtemp(prefix="sglang-profile-")
+    profiles = {}
+    for window, prompts in windows.items():
+        engine.start_profile(output_dir=trace_dir, activities=["GPU"], with_stack=False, record_shapes=False,
+                             profile_id=window)
+        begin = time.perf_counter()
+        generate(engine, prompts, out_lens[window])
+        wall_s = time.perf_counter() - begin
+        engine.stop_profile()
+        trace = os.path.join(trace_dir, f"{window}-TP-0.trace.json.gz")
+        profiles[window] = {"window": f"{len(prompts)} prompts x {len(prompts[0])} in / {out_lens[window]} out",
+                            **summarise(*trace_kernel_times(trace), wall_s, steps=1, per="window")}
+    shutil.rmtree(trace_dir)
+    return profiles
 
 
 if __name__ == "__main__":
