@@ -14,7 +14,7 @@ from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.testing.tiny_models import tiny_hf_config
 from atom_core.testing.tiny_vision_language import tiny_vision_language_config
 from atom_sglang.config_translation import (
-    RECURRENT_STATE_REASON,
+    STATE_CHECKPOINTS_REASON,
     VISION_LANGUAGE_REASON,
     atom_config_from_sglang,
     takeover_decision,
@@ -72,7 +72,8 @@ def plain_server_args() -> SimpleNamespace:
     """The server arguments the decision reads, as SGLang's defaults on a CPU set them."""
     return SimpleNamespace(enable_lora=False, lora_paths=None, tp_size=1, pp_size=1, kv_cache_dtype="auto",
                            is_embedding=False, device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False,
-                           dcp_size=1, attn_cp_size=1, speculative_algorithm=None)
+                           dcp_size=1, attn_cp_size=1, speculative_algorithm=None, disable_radix_cache=False,
+                           mamba_radix_cache_strategy="auto", disable_overlap_schedule=False, page_size=None)
 
 
 @pytest.mark.parametrize("settings, reasons, notes", [
@@ -95,15 +96,45 @@ def test_parallel_layouts_read_from_server_args(tiny_model_dir, settings, reason
     assert (decision.reasons, decision.notes) == (reasons, notes)
 
 
-def test_recurrent_state_models_are_handed_back():
-    """Qwen3-Next's Gated DeltaNet state has no cache in SGLang's glue yet: SGLang serves it itself."""
-    server_args = plain_server_args()
+@pytest.mark.parametrize("settings, served", [
+    ({}, False),
+    ({"disable_overlap_schedule": True}, True),
+    ({"disable_overlap_schedule": True, "page_size": 16}, False),
+    ({"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True}, True),
+    ({"mamba_radix_cache_strategy": "extra_buffer", "disable_overlap_schedule": True}, False),
+    ({"mamba_radix_cache_strategy": "extra_buffer_lazy"}, False),
+    ({"disable_radix_cache": True}, True),
+], ids=["auto with overlap", "auto without overlap", "auto with pages", "no_buffer", "extra_buffer",
+        "extra_buffer_lazy", "no radix cache"])
+def test_recurrent_state_models_need_no_state_checkpoints(settings, served):
+    """Qwen3-Next's Gated DeltaNet states live in SGLang's state pool, but not with SGLang's
+    extra_buffer radix cache (its intermediate states at chunk boundaries), which SGLang's ``auto``
+    picks where overlap scheduling is on or pages hold several tokens. Other models do not care."""
+    server_args = SimpleNamespace(**{**vars(plain_server_args()), **settings})
     qwen3_next = SimpleNamespace(hf_config=tiny_hf_config("Qwen3NextForCausalLM"), dtype=torch.bfloat16,
                                  quantization=None)
-    assert takeover_decision(server_args, qwen3_next).reasons == (RECURRENT_STATE_REASON,)
+    assert takeover_decision(server_args, qwen3_next).reasons == (() if served else (STATE_CHECKPOINTS_REASON,))
     qwen3 = SimpleNamespace(hf_config=tiny_hf_config("Qwen3ForCausalLM"), dtype=torch.bfloat16,
                             quantization=None)
     assert takeover_decision(server_args, qwen3).atom_serves
+
+
+def test_published_qwen3_next_gets_hf_layer_types(tmp_path):
+    """The published Qwen3-Next config through SGLang's own ModelConfig (its config class keeps no
+    layer_types) with SGLang's no_buffer radix cache: ATOM serves it, and its model reads the layer
+    types of HF's rule, which are the layer split of SGLang's state pool."""
+    from sglang.srt.server_args import ServerArgs
+
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED["qwen3-next-80b-a3b-instruct"]["config.json"]))
+    server_args = in_effect(ServerArgs(model_path=str(tmp_path), device="cpu", skip_tokenizer_init=True,
+                                       disable_overlap_schedule=True))
+    model_config = model_config_of(server_args)
+    assert takeover_decision(server_args, model_config).atom_serves
+    assert getattr(model_config.hf_config, "layer_types", None) is None
+    layer_types = atom_config_from_sglang(model_config, model_config.hf_config).hf_config.layer_types
+    assert [i for i, kind in enumerate(layer_types) if kind == "full_attention"] == (
+        model_config.hf_config.full_attention_layer_ids)
+    assert layer_types[:4] == ["linear_attention"] * 3 + ["full_attention"]
 
 
 def test_vision_language_models_are_handed_back():

@@ -13,6 +13,11 @@ On ``--device cpu`` SGLang pads the HF config in place before building the model
 keeping the true value in ``original_<name>``. SGLang's layers zero-pad their weights to match; ATOM's
 layers load the checkpoint as it is, so ATOM gets a copy with the true sizes. Padded attention
 heads (a TP size that does not divide them) would change SGLang's KV pool as well and are refused.
+
+SGLang's own config class of Qwen3-Next keeps no ``layer_types``: it splits the layers by
+``full_attention_interval`` alone, and sizes its state pool by that split. ATOM's model reads
+``layer_types``, so ATOM gets a copy with them, by HF's rule for a config without them (every
+``full_attention_interval``-th layer full attention, 4 by HF's default): the split SGLang's pool has.
 """
 
 from __future__ import annotations
@@ -65,10 +70,24 @@ FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang's GPU backends i
 CT_KV_SCALES_REASON = "compressed-tensors KV-cache scales are not read by SGLang"
 
 
-# Qwen3-Next's Gated DeltaNet layers keep a recurrent state per sequence, which a host must cache
-# (atom_core.layers.gated_delta_core); the vLLM glue keeps it in vLLM's state cache, this glue has
-# nothing to keep it in yet.
-RECURRENT_STATE_REASON = "SGLang's glue keeps no recurrent state of linear-attention layers yet"
+# Qwen3-Next's Gated DeltaNet states live in SGLang's state pool (atom_sglang.attention.gated_delta).
+# SGLang's extra_buffer strategy of its radix cache (its default where overlap scheduling is on or pages
+# hold more than one token, i.e. on GPUs) also keeps each prefill's state at its last 64-token chunk
+# boundary, an intermediate state of the chunked rule that ATOM's kernel does not return.
+STATE_CHECKPOINTS_REASON = ("SGLang's extra_buffer radix cache of linear-attention states is not supported "
+                            "(--mamba-radix-cache-strategy no_buffer with --disable-overlap-schedule is)")
+
+
+def keeps_state_checkpoints(server_args: Any) -> bool:
+    """Whether SGLang's radix cache keeps linear-attention states by its extra_buffer strategy: as set,
+    or, while ``auto`` is still being resolved (the attention default is decided before it), as SGLang
+    resolves it (``_mamba_radix_cache_resolution``)."""
+    if server_args.disable_radix_cache:
+        return False
+    strategy = server_args.mamba_radix_cache_strategy
+    if strategy == "auto":
+        return not server_args.disable_overlap_schedule or (server_args.page_size or 1) > 1
+    return strategy != "no_buffer"
 
 
 # SGLang's vision-language models keep their own language model (atom_sglang.models.causal_lm).
@@ -80,8 +99,9 @@ def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     decision = decide_takeover(model)
     if decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].vision_language:
         return dataclasses.replace(decision, reasons=(VISION_LANGUAGE_REASON,))
-    if decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state:
-        return dataclasses.replace(decision, reasons=(RECURRENT_STATE_REASON,))
+    recurrent_state = decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state
+    if recurrent_state and keeps_state_checkpoints(server_args):
+        return dataclasses.replace(decision, reasons=(STATE_CHECKPOINTS_REASON,))
     checkpoint = quant_config_from_hf(model.hf_config) if decision.atom_serves else None
     if checkpoint is not None and checkpoint.kv_cache_scales:
         return dataclasses.replace(decision, reasons=(CT_KV_SCALES_REASON,))
@@ -118,10 +138,23 @@ def unpadded_hf_config(hf_config: Any) -> Any:
     return config
 
 
+def with_layer_types(hf_config: Any) -> Any:
+    """``hf_config`` of a hybrid model with HF's ``layer_types`` (a copy where it has none)."""
+    architectures = getattr(hf_config, "architectures", None) or [""]
+    entry = SUPPORTED_ARCHITECTURES.get(architectures[0])
+    if entry is None or not entry.recurrent_state or getattr(hf_config, "layer_types", None) is not None:
+        return hf_config
+    interval = getattr(hf_config, "full_attention_interval", 4)
+    config = copy.deepcopy(hf_config)
+    config.layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                          for i in range(hf_config.num_hidden_layers)]
+    return config
+
+
 def atom_config_from_sglang(model_config: Any, hf_config: Any) -> Config:
     return Config(
         model=model_config.model_path,
-        hf_config=unpadded_hf_config(hf_config),
+        hf_config=with_layer_types(unpadded_hf_config(hf_config)),
         torch_dtype=model_config.dtype,
         max_model_len=model_config.context_len,
     )

@@ -1,5 +1,5 @@
 """Plug SGLang's TP group and attention layers into atom-core (see atom_core.distributed,
-atom_core.layers.attention and atom_core.layers.mla).
+atom_core.layers.attention and atom_core.layers.mla; Gated DeltaNet cores: atom_sglang.attention.gated_delta).
 
 ATOM's attention front-ends call ``impl(q, k, v)`` (MHA/GQA) and ``impl(positions, q, kv_c, k_pe)``
 (MLA); SGLang's ``RadixAttention`` also needs the ``ForwardBatch``. The model wrapper binds the batch
@@ -19,6 +19,7 @@ from torch import nn
 
 from atom_core.distributed import TPGroup, set_tp_group
 from atom_core.layers.attention import AttentionSpec, set_attention_factory
+from atom_core.layers.gated_delta_core import set_gated_delta_core_factory
 from atom_core.layers.mla import LatentAttentionSpec, absorb_q, set_latent_attention_factory, up_project_v
 from atom_sglang.attention.window import to_sglang_window
 from atom_sglang.resolved_args import attention_backends, server_args_in_effect
@@ -146,6 +147,9 @@ class RadixLatentAttentionImpl(nn.Module):
 def install_sglang_hooks() -> None:
     from sglang.srt.distributed import communication_op, parallel_state
 
+    from atom_sglang.attention.gated_delta import RadixGatedDeltaCore
+
     set_tp_group(TPGroup.from_host(parallel_state, communication_op))
     set_attention_factory(RadixAttentionImpl)
     set_latent_attention_factory(RadixLatentAttentionImpl)
+    set_gated_delta_core_factory(RadixGatedDeltaCore)

@@ -19,6 +19,13 @@ change would let us delete it.
    helper kernels (positions, req_to_token writes) may run from the attention backend's *name*,
    with a hard-coded list of CPU backends; ``atom`` runs wherever Triton does and on the CPU engine.
    Remove when SGLang asks the device (or the backend object's ``support_triton()``) instead.
+4. ``sglang.srt.layers.attention.attention_registry.attn_backend_wrapper`` (AROUND). Why: SGLang
+   wraps a hybrid GDN model's attention backend in ``HybridLinearAttnBackend`` with its own GDN
+   backend for the linear-attention layers, chosen by the config alone; ATOM's Gated DeltaNet layers
+   run their own kernels and need only the state metadata
+   (atom_sglang.attention.gated_delta.GatedDeltaMetadataBackend), and SGLang's GDN backend does not
+   even import on CPU without ``sgl_kernel``'s CPU ops. Remove when SGLang lets a model choose the
+   linear-attention backend of its hybrid wrapper.
 
 Hooks only change behaviour when ATOM serves the model (or ``atom`` was chosen), so a process serving
 other models, or a configuration ATOM hands back, sees SGLang's own choices.
@@ -100,19 +107,38 @@ def support_triton(original, backend: str) -> bool:
     return original(backend)
 
 
+def hybrid_linear_attention_backend(original, runner, full_attn_backend):
+    """Where ATOM's model serves a hybrid GDN configuration: SGLang's hybrid wrapper, full-attention
+    layers on ``full_attn_backend``, linear-attention layers planned by ATOM's metadata backend."""
+    from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
+
+    gdn_config = hybrid_gdn_config(runner.model_config)
+    if gdn_config is None:
+        return original(runner, full_attn_backend)
+    from atom_sglang.attention.gated_delta import RadixGatedDeltaCore, hybrid_backend
+
+    if not any(isinstance(module, RadixGatedDeltaCore) for module in runner.model.modules()):
+        return original(runner, full_attn_backend)
+    return hybrid_backend(runner, full_attn_backend, gdn_config.full_attention_layer_ids)
+
+
 def hooks() -> list[tuple[str, Any]]:
     """(target, AROUND hook) of each hook above, where the installed SGLang defines the target."""
     triton = ("sglang.srt.utils.common.support_triton", support_triton)
+    hybrid = ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper",
+              hybrid_linear_attention_backend)
     if resolves_server_args_in_steps():  # SGLang 0.5.19 to 0.5.23
         return [
             ("sglang.srt.arg_groups.model_override_base.get_default_attn_backend", default_attention_backend),
             ("sglang.srt.arg_groups.platform_hook.handle_cpu_backends", declare_cpu_default_attention_backend),
             triton,
+            hybrid,
         ]
     return [  # SGLang 0.5.17 and 0.5.18
         ("sglang.srt.server_args.ServerArgs._get_default_attn_backend", default_attention_backend),
         ("sglang.srt.server_args.ServerArgs._handle_cpu_backends", assign_cpu_default_attention_backend),
         triton,
+        hybrid,
     ]
 
 

@@ -13,7 +13,7 @@ skips it, as HF transformers does.
 
 Its Gated DeltaNet layers keep a recurrent state per sequence, which the host caches
 (:mod:`atom_core.layers.gated_delta_core`; :meth:`Qwen3NextForCausalLM.recurrent_state_shapes` sizes
-it): vLLM's glue keeps it in vLLM's state cache; SGLang's glue has none yet and hands the model back.
+it): vLLM's glue keeps it in vLLM's state cache, SGLang's glue in SGLang's state pool.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list
     outputs = []
     with torch.no_grad():
         for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
+            # An explicit mask: without one, generate masks out every prompt token equal to pad_token_id.
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
             if out.shape[1] != len(prompt) + max_tokens:
                 raise AssertionError("HF generate stopped early")
             outputs.append(out[0, len(prompt):].tolist())

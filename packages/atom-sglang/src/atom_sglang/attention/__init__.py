@@ -1,5 +1,6 @@
-"""ATOM attention inside SGLang: the ``atom`` attention backend (:mod:`.backend`) and the sliding-window
-convention shared with the model-side layer (:mod:`.window`)."""
+"""ATOM attention inside SGLang: the ``atom`` attention backend (:mod:`.backend`), the sliding-window
+convention shared with the model-side layer (:mod:`.window`) and the Gated DeltaNet core over SGLang's
+state pool (:mod:`.gated_delta`)."""
 
 from __future__ import annotations
 

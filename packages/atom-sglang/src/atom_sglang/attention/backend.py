@@ -1,8 +1,10 @@
 """``atom``: an SGLang attention backend that runs atom_kernels over SGLang's KV pool.
 
 SGLang keeps scheduling, the radix cache and the KV pool (``MHATokenToKVPool``, ``[slots, kv_heads,
-head_size]`` per layer); a request's slots are its row of ``req_to_token``. ATOM's paged kernels see
-the pool as blocks of ``page_size``, the block table being every ``page_size``-th slot / ``page_size``.
+head_size]`` per layer; of a hybrid linear-attention model, ``HybridLinearKVPool``, which keeps one for
+its full-attention layers and maps their layer ids); a request's slots are its row of
+``req_to_token``. ATOM's paged kernels see the pool as blocks of ``page_size``, the block table being
+every ``page_size``-th slot / ``page_size``.
 
 Per forward the backend builds one :class:`ATOMAttentionMetadata` for all layers; per layer it writes
 the new K/V into the pool and runs:
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, MHATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from torch import nn
 
@@ -51,11 +53,13 @@ class ATOMAttentionBackend(AttentionBackend):
     def __init__(self, model_runner: ModelRunner):
         super().__init__()
         pool = model_runner.token_to_kv_pool
+        mha_pool = pool.full_kv_pool if type(pool) is HybridLinearKVPool else pool
         fp8_e5m2 = pool.dtype == torch.float8_e5m2
-        if type(pool) is not MHATokenToKVPool or pool.is_quantized_kv_cache or pool.use_hnd or fp8_e5m2:
+        if (type(mha_pool) is not MHATokenToKVPool or mha_pool.is_quantized_kv_cache or mha_pool.use_hnd
+                or fp8_e5m2):
             raise NotImplementedError(
                 f"the atom attention backend needs SGLang's plain MHA KV pool in NHD layout with the "
-                f"model's dtype or FP8 e4m3; this model runs with {type(pool).__name__} "
+                f"model's dtype or FP8 e4m3; this model runs with {type(mha_pool).__name__} "
                 f"(kv_cache_dtype={model_runner.server_args.kv_cache_dtype}). "
                 "Choose another --attention-backend."
             )

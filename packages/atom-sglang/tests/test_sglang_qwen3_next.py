@@ -1,0 +1,77 @@
+"""Qwen3-Next through the real SGLang engine (CPU) with ATOM's model: its Gated DeltaNet layers keep
+their conv and recurrent states in SGLang's state pool (atom_sglang.attention.gated_delta). Greedy
+tokens equal HF transformers' (fp32, tiny random checkpoint); SGLang alone runs no Qwen3-Next on CPU
+(its GDN kernels are ``sgl_kernel`` CPU ops), so HF is the only reference.
+
+16-token chunked prefill with mixed chunks: phase 1's 49-token prompt is prefilled over four steps,
+extending the state it left in its slot, while the others decode beside it. Phase 2 continues
+phase 1's last conversation (its prompt, HF's answer and a new turn) and shares 40 tokens with its
+first prompt: SGLang's radix cache of hybrid models (its ``no_buffer`` strategy, which needs overlap
+scheduling off) keeps the state at the end of each finished request and of each prefill chunk, and
+hands a request the state of its longest cached prefix that has one, which ATOM's layers continue.
+"""
+
+import random
+
+import pytest
+from sglang_testing import run_sglang
+
+from atom_core.testing.reference import hf_greedy
+from atom_sglang.served_by import describe_served_model
+
+pytestmark = pytest.mark.sglang
+
+ARCHITECTURE = "Qwen3NextForCausalLM"
+MAX_TOKENS = 12
+ENGINE_KWARGS = {"chunked_prefill_size": 16, "enable_mixed_chunk": True, "disable_overlap_schedule": True,
+                 "max_mamba_cache_size": 16}
+# SGLang keeps conv states in bfloat16 unless told otherwise; the fp32 comparison with HF needs fp32.
+ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir) -> str:
+    # SGLang's config class of Qwen3-Next splits the layers by full_attention_interval and ignores
+    # layer_types: the interval that gives the tiny checkpoint's layer types.
+    return tiny_model_dir(ARCHITECTURE, random_norms=True, full_attention_interval=2)
+
+
+@pytest.fixture(scope="module")
+def phases_and_expected(model) -> tuple[list[list[list[int]]], list[list[int]]]:
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(4, 499) for _ in range(n)]  # noqa: E731
+    shared = tokens(40)
+    phase1 = [shared + tokens(9), tokens(5), tokens(30)]
+    expected1 = hf_greedy(model, phase1, MAX_TOKENS)
+    phase2 = [phase1[2] + expected1[2] + tokens(4), shared + tokens(3), tokens(7)]
+    return [phase1, phase2], expected1 + hf_greedy(model, phase2, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def result(model, phases_and_expected) -> dict:
+    phases, _ = phases_and_expected
+    [[result]] = run_sglang(([{"model": model, "phases": phases, "max_tokens": MAX_TOKENS,
+                               "engine_kwargs": ENGINE_KWARGS}], ENV))
+    return result
+
+
+def test_atom_serves_qwen3_next_with_sglangs_state_pool(result):
+    served = describe_served_model(result["log"], result)
+    assert served["architecture"] == ARCHITECTURE
+    assert served["atom_model"] == "atom_core.models.qwen3_next.Qwen3NextForCausalLM"
+    assert served["handed_back"] is None
+    # Full-attention layers on ATOM's attention backend inside SGLang's hybrid wrapper.
+    assert result["attention_backend"] == "atom"
+    # The tiny model's two Gated DeltaNet layers are alike.
+    assert "Warm-up before serving: Gated DeltaNet prefill kernels of 1 layer shape(s) in" in (
+        result["startup_log"])
+    assert "Warm-up before serving" not in result["serving_log"]
+
+
+def test_chunked_prefill_and_radix_cache_match_hf(result, phases_and_expected):
+    phases, expected = phases_and_expected
+    assert [o["tokens"] for phase in result["phases"] for o in phase] == expected
+    # Served from cached states: the continued conversation from its whole first turn (SGLang caches
+    # a finished request's tokens but its last answer token), the shared prefix from a chunk's end.
+    cached = [o["cached_tokens"] for o in result["phases"][1]]
+    assert cached[0] >= len(phases[0][2]) + MAX_TOKENS - 1 and cached[1] > 0, cached
