@@ -22,8 +22,8 @@ from atom_core.hosting.build import build_atom_model
 from atom_core.hosting.takeover import new_wrapper_or_host_model
 from atom_core.hosting.warmup import log_warm_up, warm_up_fused_moe_layers
 from atom_sglang.config_translation import atom_config_from_sglang, takeover_decision
-from atom_sglang.host_hooks import bind_forward_batch, install_sglang_hooks
-from atom_sglang.prefill_graph import keep_prefill_eager
+from atom_sglang.host_hooks import install_sglang_hooks
+from atom_sglang.prefill_graph import PrefillBody, keep_prefill_eager
 from atom_sglang.resolved_args import model_config_of, server_args_in_effect
 
 
@@ -55,13 +55,16 @@ class ATOMForCausalLM(nn.Module):
         self.config = config  # SGLang's model convention (its loader and LoRA read model.config)
         install_sglang_hooks()
         server_args = server_args_in_effect()
-        keep_prefill_eager(server_args)
         atom_config = atom_config_from_sglang(model_config_of(server_args), config)
-        self.model = build_atom_model(atom_config, type(self).__name__, "SGLang", prefix)
+        self.atom_model = build_atom_model(atom_config, type(self).__name__, "SGLang", prefix)
+        # SGLang's name for its transformer body, which its prefill CUDA graph captures (prefill_graph).
+        self.model = PrefillBody(self.atom_model)
+        if not self.model.layers:
+            keep_prefill_eager(server_args)
         self.logits_processor = LogitsProcessor(config)
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.model.model.embed_tokens
+        return self.atom_model.model.embed_tokens
 
     def get_attention_sliding_window_size(self) -> int | None:
         """SGLang-convention window of the windowed layers (one per model in every ATOM family)."""
@@ -75,21 +78,21 @@ class ATOMForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch,
                 input_embeds: torch.Tensor | None = None, get_embedding: bool = False,
                 pp_proxy_tensors=None):
-        with bind_forward_batch(forward_batch):
-            hidden_states = self.model(input_ids, positions, input_embeds)
-        return self.logits_processor(input_ids, hidden_states, self.model.lm_head, forward_batch)
+        # Through the body's own ``forward``: SGLang swaps it for its captured graphs at a prefill replay.
+        hidden_states = self.model.forward(input_ids, positions, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, hidden_states, self.atom_model.lm_head, forward_batch)
 
     def precompile_kernels_after_loading(self) -> None:
         """SGLang's hook right after loading: compile the fused MoE for every batch size before
         serving (atom_core.hosting.warmup). Otherwise its first call would: in the decode CUDA-graph
         capture's warm-up runs where SGLang captures, in the first request where it does not."""
         start = time.perf_counter()
-        expert_layers = warm_up_fused_moe_layers(self.model, self.get_input_embeddings().weight.dtype)
+        expert_layers = warm_up_fused_moe_layers(self.atom_model, self.get_input_embeddings().weight.dtype)
         if expert_layers:
             log_warm_up(f"fused MoE of {expert_layers} expert layer(s)", time.perf_counter() - start)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return {f"model.{name}" for name in self.model.load_weights(weights)}
+        return {f"atom_model.{name}" for name in self.atom_model.load_weights(weights)}
 
 
 def entry_class(architecture: str) -> type[ATOMForCausalLM]:
