@@ -7,7 +7,7 @@ the whole op as CUDA graphs, each layout twice, alternately:
     PYTHONPATH=packages/atom-kernels/src python3 benchmarks/kernels/experiments/fp8_moe_scale_layout.py \
         [--sizes '[["qwen3-30b-a3b", [256, 4096]], ["deepseek-v3", [4096]]]']
 
-Writes ``$OUT/fp8-moe-scale-layout.json`` (default /tmp); data: ``fp8-h200.json[moe-scale-layout]``.
+Writes ``$OUT/fp8-moe-scale-layout.json`` (default /tmp); data: ``fp8-h200.json.gz[moe-scale-layout]``.
 """
 
 import argparse

@@ -6,7 +6,7 @@ atom_kernels one after the other on one GPU (each on PYTHONPATH in turn):
 Dense: ``fp8_block_scaled_mm_triton`` at Qwen3-8B's qkv and down widths and two DeepSeek-V3 ones, 1-64
 rows. MoE: Qwen3-30B-A3B and DeepSeek-V3's width with each expert split over 4 ranks (I = 512), block
 128, uniform random top-8, 1-256 tokens, the shipped tables. Random fp8 values and scales; CUDA-graph
-timings, us. Result: ``fp8-h200.json[scales-ahead]`` (scales loaded in each K step against a step ahead).
+timings, us. Result: ``fp8-h200.json.gz[scales-ahead]`` (scales loaded in each K step against a step ahead).
 """
 
 import json

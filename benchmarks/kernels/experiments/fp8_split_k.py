@@ -7,7 +7,7 @@ them) and 1-256 rows: ``gemm._launch_fp8_gemm`` (block-scaled, bf16 out) with sp
 with its own choice (``auto``), and the library GEMM of ``fp8_block_scaled_mm_torchlib`` (torch._scaled_mm) at every row count
 where N is a multiple of 128. Activations already quantized, so only the GEMMs are timed; random fp8 values and
 scales; CUDA-graph timings, us; each split's fp32 output against the unsplit one
-(``max_rel_diff_to_unsplit``, the largest over the splits of a row). Result: ``fp8-h200.json[split-k]`` (behind ``gemm.SPLIT_K_*`` and the
+(``max_rel_diff_to_unsplit``, the largest over the splits of a row). Result: ``fp8-h200.json.gz[split-k]`` (behind ``gemm.SPLIT_K_*`` and the
 rows at which the library GEMM takes over).
 """
 

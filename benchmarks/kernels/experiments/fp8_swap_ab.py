@@ -1,4 +1,4 @@
-"""The block-FP8 GEMM at 1-64 rows with swapped operands and/or TMA weight loads (fp8-h200.json[swap-ab]).
+"""The block-FP8 GEMM at 1-64 rows with swapped operands and/or TMA weight loads (fp8-h200.json.gz[swap-ab]).
 
     PYTHONPATH=packages/atom-kernels/src python3 fp8_swap_ab.py OUT.json [--rows 1,16,32,64]
 

@@ -204,7 +204,7 @@ def _gemm_config(m: int, block_scaled: bool = True) -> dict[str, int]:
         # Operands swapped: the weight tile is the MMA's M side (64 columns), the rows its N side, which
         # wgmma takes 16 and 32 wide (unswapped: the older MMA at 16 rows, 32 padded to 64): 0.84 / 0.86 /
         # 0.88x the time at 1 / 16 / 32 rows, 1.13x at 64 (geomean of eight FP8 linears of Qwen3 and
-        # DeepSeek-V3, H200, benchmarks/kernels/experiments/fp8-h200.json[swap-ab]).
+        # DeepSeek-V3, H200, benchmarks/kernels/experiments/fp8-h200.json.gz[swap-ab]).
         return {
             "BLOCK_M": 16 if m <= 16 else 32,
             "BLOCK_N": 64,
@@ -255,9 +255,9 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, fro
     128-row tiles) and two programs an SM came within 4 % of the best split count (geomean) over the
     FP8 linears of Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V3 at 1-64 rows (and DeepSeek's kv_a widths at
     128-256), where a fixed minimum of 4 steps came to 7 % and up to 1.41x; unsplit, 1.63x and up to
-    4x (H200, ``fp8-h200.json[split-k]``). The swapped tiles of up to 32 rows take 8 steps and no split
+    4x (H200, ``fp8-h200.json.gz[split-k]``). The swapped tiles of up to 32 rows take 8 steps and no split
     below ``from_steps`` = 32 K steps, where the sum kernel's launch costs more than the split saves
-    (``fp8-h200.json[swap-ab]``: K = 2048 unsplit 5.5-6.3 us, in two 6.4-8.0). Programs an SM, long-K
+    (``fp8-h200.json.gz[swap-ab]``: K = 2048 unsplit 5.5-6.3 us, in two 6.4-8.0). Programs an SM, long-K
     layers with the quantization launch, four against two (``results/fp8-gemm-h200.json``,
     ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``): at 16 rows four were faster (Qwen3-8B's
     down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 / 47.5), at 32 rows two (28.5 / 27.0, 54.5 /
@@ -356,7 +356,7 @@ def fp8_block_scaled_mm_triton(a: torch.Tensor, b: torch.Tensor, a_scale: torch.
 
 
 # torch._scaled_mm (cuBLASLt / CUTLASS in torch 2.11) against the Triton kernels on an H200 (benchmarks/
-# kernels/experiments/fp8-h200.json[block-library, library-widths, split-k]): mostly faster from 256 rows,
+# kernels/experiments/fp8-h200.json.gz[block-library, library-widths, split-k]): mostly faster from 256 rows,
 # mostly as fast or slower up to 64. It refuses row counts that are no multiple of 16: padded. Block-wise
 # it does not split K: with under one 128 x 128 output tile per LIBRARY_SMS_PER_TILE SMs the Triton kernel
 # ran faster (DeepSeek-V3's 2112 / 576 widths; Qwen3-30B-A3B's o_proj at 128 rows). Where K / 128 is no

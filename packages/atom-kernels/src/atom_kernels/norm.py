@@ -141,7 +141,7 @@ def _rms_norm_kernel(
     # masked elements load as, 1.0 where only whole rows are masked and quantised (as in
     # atom_kernels.quant, whose docstring says why: a masked row of zeros takes the IEEE division's slow
     # path); a fused norm of one 2048-wide row (two rows a program) took 4.1 us against 2.4 at 16 rows on
-    # an H200 (benchmarks/kernels/experiments/fp8-h200.json[fusion-ef17d92]).
+    # an H200 (benchmarks/kernels/experiments/fp8-h200.json.gz[fusion-ef17d92]).
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < num_rows

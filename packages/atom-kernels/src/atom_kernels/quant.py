@@ -166,7 +166,7 @@ def _quant_fp8_kernel(
     takes, by all signs, the IEEE division's slow path; on an H200, rms_norm + per_group_quant_fp8 of
     one 4096-wide row (32-row programs, 31 rows masked) took 7.8 us with zero fill, 4.0 with ones, and
     as long with either from 64 rows; selects keeping zeros from every division did as well at one row
-    but took up to 1.6x the time at prefill sizes (benchmarks/kernels/experiments/fp8-h200.json[quant-zero-guard]).
+    but took up to 1.6x the time at prefill sizes (benchmarks/kernels/experiments/fp8-h200.json.gz[quant-zero-guard]).
     """
     # fp32 whoever launches: Inductor passes Python floats as fp64 (ATOM_INDUCTOR_OPS).
     fp8_max, min_amax = tl.cast(fp8_max, tl.float32), tl.cast(min_amax, tl.float32)
