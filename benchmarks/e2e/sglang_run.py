@@ -139,11 +139,10 @@ def measure(engine, args: argparse.Namespace, vocab: int) -> dict:
 
 
 def profile_windows(engine, args: argparse.Namespace, vocab: int) -> dict:
-    """Per-kernel GPU time of two windows, after the measured passes (so nothing compiles in them), under
-    the scheduler's torch profiler (``Engine.start_profile``, GPU activity only): ``prefill``,
-    PREFILL_PROMPTS x 1024-token prompts and one output token each, and ``workload``, the throughput
-    workload (``--throughput``) on new prompts. SGLang's step count is not visible from here, so times
-    are per window (kernel_summary.summarise)."""
+    """Per-kernel GPU time of two windows after the measured passes (so nothing compiles in them), under
+    the scheduler's torch profiler (``Engine.start_profile``, GPU activity): ``prefill``, PREFILL_PROMPTS
+    x 1024-token prompts and one output token each, and ``workload``, the throughput workload
+    (``--throughput``) on new prompts. SGLang's steps are not counted here: times are per window."""
     count, in_len, out_len = map(int, args.throughput.split(","))
     windows = {"prefill": random_prompts(PREFILL_PROMPTS, 1024, vocab, seed=PROFILE_SEED),
                "workload": random_prompts(count, in_len, vocab, seed=PROFILE_SEED + 1)}
