@@ -5,15 +5,14 @@
 
 Run once with ATOM_DISABLE_VLLM_PLUGIN=1 (native) and once without (ATOM), on the same GPU.
 The engine core runs in this process, so torch.profiler sees every kernel, CUDA-graph replays
-included. Three windows, each steered step by step through ``LLMEngine.step``:
+included. Three windows, stepped through ``LLMEngine.step``:
 
 - prefill: PREFILL_PROMPTS x 1024-token prompts, one output token (whole prefill steps);
-- decode: DECODE_BATCH requests of 1024-token prompts; after all are prefilled, DECODE_STEPS pure
-  decode steps are profiled;
-- workload (optional): the throughput workload's mix, N x 1024 in / 128 out through ``generate``.
+- decode: once DECODE_BATCH 1024-token prompts are prefilled, DECODE_STEPS pure decode steps;
+- workload (optional): N x 1024 in / 128 out, every step.
 
-Writes kernel time per name and per op class (gemm, attention, moe, norm, ...), GPU-busy time
-against wall time (how host-bound a step is), and the number of engine steps in each window.
+Writes per window kernel time by name and by op class (kernel_summary.py), GPU-busy against wall
+time and the number of engine steps.
 """
 
 import argparse
