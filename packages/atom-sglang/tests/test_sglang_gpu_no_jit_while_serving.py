@@ -41,6 +41,9 @@ def test_serving_mix_compiles_no_atom_kernel(tiny_model_dir, tmp_path, architect
     run = {"model": model, "phases": phases, "max_tokens": 16, "engine_kwargs": {
         "device": "cuda", "dtype": "bfloat16", "disable_cuda_graph": False, "mem_fraction_static": 0.2,
         "chunked_prefill_size": 16, "enable_mixed_chunk": True,
+        # ATOM's backend by name: where SGLang's default is FlashAttention-3 (Hopper), that stays the
+        # default (atom_sglang.patches.FASTER_HOST_DEFAULTS).
+        "attention_backend": "atom",
     }}
     env = {"ATOM_TEST_LOG_TRITON_COMPILES": "1", "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     [[result]] = run_sglang(([run], env), cpu_engine=False)

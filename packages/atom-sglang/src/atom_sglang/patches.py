@@ -8,7 +8,8 @@ change would let us delete it.
    ``arg_groups.model_override_base.get_default_attn_backend`` (0.5.19 on) (AROUND). Why: SGLang
    picks the default attention backend from a fixed per-platform table; an out-of-tree backend is
    reachable only through ``--attention-backend``. ATOM models should run on ATOM's attention
-   without a flag, as they do in atom-vllm. Remove when SGLang lets a general plugin supply a
+   without a flag, as they do in atom-vllm, except where SGLang's default is the faster one
+   (``FASTER_HOST_DEFAULTS``: FlashAttention-3 on Hopper). Remove when SGLang lets a general plugin supply a
    default backend per model (today only an out-of-tree *platform* can, via
    ``get_default_attention_backend``).
 2. The CPU defaults: ``ServerArgs._handle_cpu_backends`` (0.5.17, 0.5.18),
@@ -63,10 +64,18 @@ def atom_serves_attention(server_args: Any, model_config: Any, use_mla_backend: 
     )
 
 
+# SGLang defaults that serve ATOM's MHA/GQA models faster than ATOM's backend, so they stay the default:
+# FlashAttention-3 (Hopper) took 1214 ms of attention in a Qwen3-30B-A3B-FP8 workload pass on an H200
+# where `atom` took 1472, 5735 against 5464 out tok/s, tokens identical
+# (benchmarks/results/offline-sglang-h200.json[2026-12-04-e7da6d3-fa3]).
+FASTER_HOST_DEFAULTS = frozenset({"fa3"})
+
+
 def default_attention_backend(original, server_args, use_mla_backend: bool, model_config):
-    if atom_serves_attention(server_args, model_config, use_mla_backend):
+    host_default = original(server_args, use_mla_backend, model_config)
+    if atom_serves_attention(server_args, model_config, use_mla_backend) and host_default not in FASTER_HOST_DEFAULTS:
         return BACKEND_NAME
-    return original(server_args, use_mla_backend, model_config)
+    return host_default
 
 
 def atom_default_on_cpu(view: Any, model_config: Any, use_mla_backend: bool) -> bool:
