@@ -7,7 +7,7 @@ Run in a fresh process per configuration (SGLang loads plugins and reads ATOM_* 
         [--engine-arg KEY=VALUE ...] [--profile]
 ATOM_DISABLE_SGLANG_PLUGIN=1 runs SGLang without ATOM (native). Otherwise SGLang's defaults: CUDA
 graphs (``--eager``: disable_cuda_graph), radix cache, chunked prefill, its default attention backend
-(ATOM's ``atom`` backend where ATOM serves the model). ``--engine-arg`` passes any further
+(as ATOM's plugin picks it: atom_sglang.patches). ``--engine-arg`` passes any further
 ``sglang.Engine`` argument, its value read as JSON where it parses (``mem_fraction_static=0.8``,
 ``disable_radix_cache=true``) and as a string otherwise (``device=cpu``).
 
