@@ -3,7 +3,7 @@
 On an H200 ATOM's Triton MLA kernels run level with vLLM's Triton MLA but far behind FlashAttention-3:
 decode 1.1-2.2x its time at 16 heads and 1.1-9.7x at DeepSeek-V3's 128 heads (3.1-9.7x from batch 32)
 (``benchmarks/mla/results-h200-a76d00e.json``); prefill attention 6x (``benchmarks/results/
-profile-h200-deepseek-v2-lite-a76d00e.json``, ``profile-h200-deepseek-v3-7l.json[a76d00e]``).
+profile-h200-deepseek-v2-lite-a76d00e.json``, ``profile-h200-deepseek-v3-7l.json.gz[a76d00e]``).
 vLLM ships FA3 compiled for Hopper, so where it runs (sm90, 16-bit cache, DeepSeek's MLA widths:
 ``FA3_WIDTHS``) ATOM's MLA backend hands it the two attention cores and keeps everything around them:
 absorbed q, the fused rope + latent-cache write, the K/V expansion and W_UV. ``ATOM_VLLM_MLA_KERNELS``
