@@ -14,6 +14,7 @@ from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.testing.tiny_models import tiny_hf_config
 from atom_core.testing.tiny_vision_language import tiny_vision_language_config
 from atom_sglang.config_translation import (
+    CPU_GRAPHS_REASON,
     STATE_CHECKPOINTS_REASON,
     VISION_LANGUAGE_REASON,
     atom_config_from_sglang,
@@ -95,6 +96,19 @@ def test_parallel_layouts_read_from_server_args(tiny_model_dir, settings, reason
     decision = takeover_decision(server_args, model_config_of(server_args))
     assert (decision.reasons, decision.notes) == (reasons, notes)
 
+
+@pytest.mark.parametrize("enable_torch_compile", [False, True])
+def test_cpu_graphs_are_handed_back(tiny_model_dir, enable_torch_compile):
+    """On CPU, ``--enable-torch-compile`` makes SGLang capture CPU graphs, which need the attention
+    backend's ``init_cpu_graph_state`` (ATOM's backend has none: the engine stopped at start-up with an
+    AttributeError naming it), so SGLang serves the model with its own backend."""
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = in_effect(ServerArgs(model_path=tiny_model_dir("Qwen3ForCausalLM"), device="cpu",
+                                       enable_torch_compile=enable_torch_compile))
+    decision = takeover_decision(server_args, model_config_of(server_args))
+    assert decision.reasons == ((CPU_GRAPHS_REASON,) if enable_torch_compile else ())
+    assert decision.atom_serves is not enable_torch_compile
 
 @pytest.mark.parametrize("settings, served", [
     ({}, False),

@@ -94,11 +94,18 @@ def keeps_state_checkpoints(server_args: Any) -> bool:
 VISION_LANGUAGE_REASON = "SGLang's glue serves no language model of a vision-language model yet"
 
 
+# On CPU, --enable-torch-compile makes SGLang capture CPU graphs (its CPUGraphRunner), which ask the
+# attention backend for init_cpu_graph_state: SGLang's intel_amx backend has it, ATOM's has not.
+CPU_GRAPHS_REASON = "SGLang's CPU graphs (--enable-torch-compile on CPU) are not supported"
+
+
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
     if decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].vision_language:
         return dataclasses.replace(decision, reasons=(VISION_LANGUAGE_REASON,))
+    if decision.atom_serves and model.device == "cpu" and getattr(server_args, "enable_torch_compile", False):
+        return dataclasses.replace(decision, reasons=(CPU_GRAPHS_REASON,))
     recurrent_state = decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state
     if recurrent_state and keeps_state_checkpoints(server_args):
         return dataclasses.replace(decision, reasons=(STATE_CHECKPOINTS_REASON,))
