@@ -110,6 +110,7 @@ def test_cpu_graphs_are_handed_back(tiny_model_dir, enable_torch_compile):
     assert decision.reasons == ((CPU_GRAPHS_REASON,) if enable_torch_compile else ())
     assert decision.atom_serves is not enable_torch_compile
 
+
 @pytest.mark.parametrize("settings, served", [
     ({}, False),
     ({"disable_overlap_schedule": True}, True),
