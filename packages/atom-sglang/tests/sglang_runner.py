@@ -5,7 +5,9 @@ its engines spawn scheduler processes. The runs of one spec share the process (o
 another) to pay SGLang's import once. ``python sglang_runner.py '<json spec>'`` with spec
 ``{"runs": [{"model", "phases", "max_tokens", "engine_kwargs"}]}``: each phase is one ``generate``
 call over a list of token-id prompts, so later phases can hit the radix cache filled by earlier ones;
-``"prompt_logprobs": true`` in a run returns each prompt token's log-probability after the first.
+``"prompt_logprobs": true`` in a run returns each prompt token's log-probability after the first;
+``"return_hidden_states": true`` each output's hidden states (the engine needs
+``enable_return_hidden_states``).
 After each run, the result line goes to stdout and the bare marker to stderr, which ends that run's
 log (the engine's processes share this process's stderr); within a run's log, READY_MARKER separates
 the engine's start-up from the requests.
@@ -50,11 +52,13 @@ def main() -> None:
         try:
             params = {"temperature": 0, "max_new_tokens": run["max_tokens"], "ignore_eos": True}
             logprobs = {"return_logprob": True, "logprob_start_len": 0} if run.get("prompt_logprobs") else {}
+            hidden = {"return_hidden_states": True} if run.get("return_hidden_states") else {}
             phases = [
                 [{"tokens": o["output_ids"], "cached_tokens": o["meta_info"]["cached_tokens"],
                   **({"prompt_logprobs": [lp[0] for lp in o["meta_info"]["input_token_logprobs"][1:]]}
-                     if logprobs else {})}
-                 for o in engine.generate(input_ids=prompts, sampling_params=params, **logprobs)]
+                     if logprobs else {}),
+                  **({"hidden_states": o["meta_info"]["hidden_states"]} if hidden else {})}
+                 for o in engine.generate(input_ids=prompts, sampling_params=params, **logprobs, **hidden)]
                 for prompts in run["phases"]
             ]
             result = {"model": run["model"], "phases": phases,
