@@ -7,7 +7,8 @@ another) to pay SGLang's import once. ``python sglang_runner.py '<json spec>'`` 
 call over a list of token-id prompts, so later phases can hit the radix cache filled by earlier ones;
 ``"prompt_logprobs": true`` in a run returns each prompt token's log-probability after the first;
 ``"return_hidden_states": true`` each output's hidden states (the engine needs
-``enable_return_hidden_states``).
+``enable_return_hidden_states``); ``"weight_updates"``, one entry per phase (null or as
+:func:`update_weights` takes it), updates the weights before that phase.
 After each run, the result line goes to stdout and the bare marker to stderr, which ends that run's
 log (the engine's processes share this process's stderr); within a run's log, READY_MARKER separates
 the engine's start-up from the requests.
@@ -17,9 +18,11 @@ With ATOM_TEST_LOG_TRITON_COMPILES=1 every process logs its Triton compiles
 module's top level again there (as ``__mp_main__``).
 """
 
+import glob
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 if os.environ.get("ATOM_TEST_LOG_TRITON_COMPILES") == "1":
@@ -40,6 +43,28 @@ ENGINE_KWARGS = dict(
 )
 
 
+def update_weights(engine, update: dict) -> None:
+    """SGLang's weight updates of RL frameworks: ``{"from_disk": DIR}`` (``update_weights_from_disk``)
+    or ``{"from_tensors": DIR}`` (DIR's safetensors by name through ``update_weights_from_tensor``).
+    First wait until the scheduler is idle: it retires a finished batch one loop after streaming its
+    output, and the cache flush that follows an update asserts an idle scheduler."""
+    for _ in range(200):
+        if engine.flush_cache().success:
+            break
+        time.sleep(0.05)
+    else:
+        raise RuntimeError("SGLang's scheduler did not become idle")
+    if "from_disk" in update:
+        ok, message, *_ = engine.update_weights_from_disk(update["from_disk"])
+    else:
+        from safetensors.torch import load_file
+
+        files = sorted(glob.glob(os.path.join(update["from_tensors"], "*.safetensors")))
+        ok, message, *_ = engine.update_weights_from_tensor([t for f in files for t in load_file(f).items()])
+    if not ok:
+        raise RuntimeError(f"weight update {update} failed: {message}")
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     import sglang
@@ -53,14 +78,17 @@ def main() -> None:
             params = {"temperature": 0, "max_new_tokens": run["max_tokens"], "ignore_eos": True}
             logprobs = {"return_logprob": True, "logprob_start_len": 0} if run.get("prompt_logprobs") else {}
             hidden = {"return_hidden_states": True} if run.get("return_hidden_states") else {}
-            phases = [
-                [{"tokens": o["output_ids"], "cached_tokens": o["meta_info"]["cached_tokens"],
-                  **({"prompt_logprobs": [lp[0] for lp in o["meta_info"]["input_token_logprobs"][1:]]}
-                     if logprobs else {}),
-                  **({"hidden_states": o["meta_info"]["hidden_states"]} if hidden else {})}
-                 for o in engine.generate(input_ids=prompts, sampling_params=params, **logprobs, **hidden)]
-                for prompts in run["phases"]
-            ]
+            updates = run.get("weight_updates") or [None] * len(run["phases"])
+            phases = []
+            for prompts, update in zip(run["phases"], updates):
+                if update:
+                    update_weights(engine, update)
+                phases.append(
+                    [{"tokens": o["output_ids"], "cached_tokens": o["meta_info"]["cached_tokens"],
+                      **({"prompt_logprobs": [lp[0] for lp in o["meta_info"]["input_token_logprobs"][1:]]}
+                         if logprobs else {}),
+                      **({"hidden_states": o["meta_info"]["hidden_states"]} if hidden else {})}
+                     for o in engine.generate(input_ids=prompts, sampling_params=params, **logprobs, **hidden)])
             result = {"model": run["model"], "phases": phases,
                       "attention_backend": in_effect(engine.server_args).attention_backend}
         finally:
