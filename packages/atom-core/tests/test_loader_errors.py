@@ -127,3 +127,21 @@ def test_malformed_kv_cache_scale_is_named(tiny_model_dir, name, tensor, reason)
     weights = {**checkpoint(model_dir), name: tensor}
     with pytest.raises(CheckpointError, match=f"'{re.escape(name)}'.*{re.escape(reason)}"):
         fresh_model(model_dir).load_weights(weights.items())
+
+
+@pytest.mark.parametrize("architecture", ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
+def test_later_loads_update_any_subset(tiny_model_dir, architecture):
+    """Once the checkpoint is in, a load updates the tensors it is given (a running engine's weights
+    sent in buckets, as RL frameworks send them): each lands in its parameter and the others stay,
+    while the first load still needs them all (above)."""
+    model_dir = tiny_model_dir(architecture)
+    weights = checkpoint(model_dir)
+    model = fresh_model(model_dir)
+    model.load_weights(weights.items())
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    name = "model.layers.1.self_attn.k_proj.weight"
+    model.load_weights([(name, weights[name] + 1.0)])
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed == ["model.layers.1.self_attn.qkv_proj.weight"]
+    model.load_weights([(name, weights[name])])
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

@@ -45,7 +45,8 @@ ENGINE_KWARGS = dict(
 
 def update_weights(engine, update: dict) -> None:
     """SGLang's weight updates of RL frameworks: ``{"from_disk": DIR}`` (``update_weights_from_disk``)
-    or ``{"from_tensors": DIR}`` (DIR's safetensors by name through ``update_weights_from_tensor``).
+    or ``{"from_tensors": DIR}`` (DIR's safetensors by name through ``update_weights_from_tensor``, in
+    two buckets, inside a weight-update session where SGLang has them: 0.5.23).
     First wait until the scheduler is idle: it retires a finished batch one loop after streaming its
     output, and the cache flush that follows an update asserts an idle scheduler."""
     for _ in range(200):
@@ -60,7 +61,16 @@ def update_weights(engine, update: dict) -> None:
         from safetensors.torch import load_file
 
         files = sorted(glob.glob(os.path.join(update["from_tensors"], "*.safetensors")))
-        ok, message, *_ = engine.update_weights_from_tensor([t for f in files for t in load_file(f).items()])
+        tensors = [t for f in files for t in load_file(f).items()]
+        session = hasattr(engine, "begin_weight_update")
+        if session:
+            engine.begin_weight_update()
+        for bucket in (tensors[:len(tensors) // 2], tensors[len(tensors) // 2:]):
+            ok, message, *_ = engine.update_weights_from_tensor(bucket)
+            if not ok:
+                break
+        if session:
+            engine.end_weight_update()
     if not ok:
         raise RuntimeError(f"weight update {update} failed: {message}")
 

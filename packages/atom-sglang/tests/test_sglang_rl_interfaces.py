@@ -2,7 +2,8 @@
 fp32 Qwen3, a batch of two prompts), against SGLang alone:
 - ``return_hidden_states``: the final hidden states SGLang returns per request (the prompt's, then
   one per generated token);
-- weight updates of a running engine, from disk and as named tensors (HF names, through ATOM's loader).
+- weight updates of a running engine, from disk and as named tensors in two buckets (HF names,
+  through ATOM's loader, which takes any subset once the checkpoint is in).
 """
 
 import pytest

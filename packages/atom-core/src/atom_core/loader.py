@@ -130,9 +130,10 @@ class WeightMap:
 
 
 def load_weights(
-    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], weight_map: WeightMap
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], weight_map: WeightMap, complete: bool = True
 ) -> set[str]:
-    """Load HF-named tensors into ``model``; returns the names of all loaded parameters."""
+    """Load HF-named tensors into ``model``; returns the names of all its parameters. ``complete``: the
+    tensors are a checkpoint, which must fill every parameter; else they update some of the weights."""
     params = {name: p for name, p in model.named_parameters() if hasattr(p, "expected_shards")}
     filled: dict[str, set[Any]] = {name: set() for name in params}
     fp8_attention_scales = 0
@@ -161,7 +162,7 @@ def load_weights(
     if fp8_attention_scales:
         logger.info("skipped the checkpoint's %d FP8-attention scales (q_scale / prob_scale): ATOM's "
                     "attention keeps queries and probabilities in 16 bits", fp8_attention_scales)
-    for param_name, param in params.items():
+    for param_name, param in params.items() if complete else ():
         missing = [s for s in param.expected_shards if s not in filled[param_name]]
         if missing:
             names = ", ".join(repr(weight_map.to_checkpoint(param_name, s)) for s in missing[:4])

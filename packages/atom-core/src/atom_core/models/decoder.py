@@ -194,6 +194,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
             ignored.append(r"lm_head\.weight")
         self.weight_map = dataclasses.replace(self.WEIGHT_MAP, ignored=ignored)
+        self.weights_loaded = False
         tp = get_tp_group()
         logger.info("%s: TP rank %d of %d holds %d parameters", type(self).__name__, tp.rank,
                     tp.world_size, sum(p.numel() for p in self.parameters()))
@@ -234,4 +235,8 @@ class CausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_weights(self, weights, self.weight_map)
+        """The first call loads the checkpoint, which must be complete. Later calls update a running
+        engine's weights (RL frameworks send them in buckets), so any subset of the tensors will do."""
+        loaded = load_weights(self, weights, self.weight_map, complete=not self.weights_loaded)
+        self.weights_loaded = True
+        return loaded
