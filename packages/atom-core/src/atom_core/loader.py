@@ -2,10 +2,12 @@
 
 Every checkpoint tensor must map to a parameter (else :class:`CheckpointError` naming the tensor),
 and every parameter shard must be filled (else an error naming the checkpoint tensor that was
-expected). ATOM's parameters declare their shards through ``expected_shards`` (see layers.linear);
-others under the model belong to the host's layers (vLLM's KV-scale parameters on its attention)
-and are not ATOM's to fill. Once every tensor is in, each module's ``after_loading()`` runs, if it
-has one (atom_core.layers.attention hands KV-cache scales to the host there).
+expected) when the tensors are a checkpoint; a later update of a running engine's weights may carry
+any subset (``complete=False``, atom_core.models.decoder). ATOM's parameters declare their shards
+through ``expected_shards`` (see layers.linear); others under the model belong to the host's layers
+(vLLM's KV-scale parameters on its attention) and are not ATOM's to fill. Once every tensor is in,
+each module's ``after_loading()`` runs, if it has one (atom_core.layers.attention hands KV-cache
+scales to the host there).
 """
 
 from __future__ import annotations
@@ -162,17 +164,22 @@ def load_weights(
     if fp8_attention_scales:
         logger.info("skipped the checkpoint's %d FP8-attention scales (q_scale / prob_scale): ATOM's "
                     "attention keeps queries and probabilities in 16 bits", fp8_attention_scales)
-    for param_name, param in params.items() if complete else ():
-        missing = [s for s in param.expected_shards if s not in filled[param_name]]
-        if missing:
-            names = ", ".join(repr(weight_map.to_checkpoint(param_name, s)) for s in missing[:4])
-            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
-            raise CheckpointError(f"checkpoint is missing tensor {names}{more}")
+    if complete:
+        _check_every_shard_filled(params, filled, weight_map)
     for module in model.modules():
         after_loading = getattr(module, "after_loading", None)
         if after_loading is not None:
             after_loading()
     return set(params)
+
+
+def _check_every_shard_filled(params: dict[str, Any], filled: dict[str, set[Any]], weight_map: WeightMap) -> None:
+    for param_name, param in params.items():
+        missing = [s for s in param.expected_shards if s not in filled[param_name]]
+        if missing:
+            names = ", ".join(repr(weight_map.to_checkpoint(param_name, s)) for s in missing[:4])
+            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            raise CheckpointError(f"checkpoint is missing tensor {names}{more}")
 
 
 # Dtypes of quantized codes: FP8 weights, and MXFP4's packed e2m1 values and e8m0 scales (uint8).
