@@ -4,7 +4,9 @@ Separate from pytest because SGLang loads plugins and reads the ATOM_* switches 
 its engines spawn scheduler processes. The runs of one spec share the process (one engine after
 another) to pay SGLang's import once. ``python sglang_runner.py '<json spec>'`` with spec
 ``{"runs": [{"model", "phases", "max_tokens", "engine_kwargs"}]}``: each phase is one ``generate``
-call over a list of token-id prompts, so later phases can hit the radix cache filled by earlier ones;
+call over a list of token-id prompts, so later phases can hit the radix cache filled by earlier ones
+(a phase with ``{"text", "image"}`` prompts among them sends each prompt as its own request, all at
+once, which the scheduler batches: SGLang's processor expands each image in the text);
 ``"prompt_logprobs": true`` in a run returns each prompt token's log-probability after the first;
 ``"return_hidden_states": true`` each output's hidden states (the engine needs
 ``enable_return_hidden_states``); ``"weight_updates"``, one entry per phase (null or as
@@ -18,6 +20,7 @@ With ATOM_TEST_LOG_TRITON_COMPILES=1 every process logs its Triton compiles
 module's top level again there (as ``__mp_main__``).
 """
 
+import asyncio
 import glob
 import json
 import os
@@ -75,6 +78,22 @@ def update_weights(engine, update: dict) -> None:
         raise RuntimeError(f"weight update {update} failed: {message}")
 
 
+def generate(engine, prompts: list, params: dict, **extra) -> list[dict]:
+    if all(isinstance(prompt, list) for prompt in prompts):
+        return engine.generate(input_ids=prompts, sampling_params=params, **extra)
+
+    def request(prompt) -> dict:
+        if isinstance(prompt, list):
+            return {"input_ids": prompt}
+        return {"prompt": prompt["text"], "image_data": prompt.get("image")}
+
+    async def together() -> list[dict]:
+        return await asyncio.gather(*(engine.async_generate(**request(prompt), sampling_params=params, **extra)
+                                      for prompt in prompts))
+
+    return engine.loop.run_until_complete(together())
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     import sglang
@@ -98,7 +117,7 @@ def main() -> None:
                       **({"prompt_logprobs": [lp[0] for lp in o["meta_info"]["input_token_logprobs"][1:]]}
                          if logprobs else {}),
                       **({"hidden_states": o["meta_info"]["hidden_states"]} if hidden else {})}
-                     for o in engine.generate(input_ids=prompts, sampling_params=params, **logprobs, **hidden)])
+                     for o in generate(engine, prompts, params, **logprobs, **hidden)])
             result = {"model": run["model"], "phases": phases,
                       "attention_backend": in_effect(engine.server_args).attention_backend}
         finally:

@@ -89,3 +89,13 @@ def run_sglang(*jobs: tuple[list[dict], dict[str, str]], timeout: int = 900,
             result["startup_log"], _, result["serving_log"] = log.partition(READY_MARKER)
         all_results.append(results)
     return all_results
+
+
+class ResolvedWith:
+    """SGLang's (read-only) server arguments with some of them taking other values."""
+
+    def __init__(self, server_args, **overrides):
+        self.server_args, self.overrides = server_args, overrides
+
+    def __getattr__(self, name: str):
+        return self.overrides[name] if name in self.overrides else getattr(self.server_args, name)

@@ -7,16 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang_testing import ResolvedWith
 from transformers import Qwen3Config
 
 from atom_core.config import CompilationLevel
 from atom_core.hosting.takeover import EXPERT_PARALLEL_NOTE
 from atom_core.testing.tiny_models import tiny_hf_config
-from atom_core.testing.tiny_vision_language import tiny_vision_language_config
 from atom_sglang.config_translation import (
     CPU_GRAPHS_REASON,
     STATE_CHECKPOINTS_REASON,
-    VISION_LANGUAGE_REASON,
     atom_config_from_sglang,
     takeover_decision,
     unpadded_hf_config,
@@ -29,8 +28,10 @@ def hf_config(**overrides):
     return Qwen3Config(**{**settings, **overrides})
 
 
-def model_config(hf):
-    return SimpleNamespace(model_path="/models/tiny", hf_config=hf, dtype=torch.float16, context_len=4096)
+def model_config(hf, **fields):
+    """What ATOM reads of SGLang's ModelConfig for a text model (its text config is the config)."""
+    return SimpleNamespace(**{"model_path": "/models/tiny", "hf_config": hf, "hf_text_config": hf,
+                              "dtype": torch.float16, "context_len": 4096, **fields})
 
 
 # (ATOM field, expected value for model_config(hf_config()))
@@ -126,11 +127,9 @@ def test_recurrent_state_models_need_no_state_checkpoints(settings, served):
     extra_buffer radix cache (its intermediate states at chunk boundaries), which SGLang's ``auto``
     picks where overlap scheduling is on or pages hold several tokens. Other models do not care."""
     server_args = SimpleNamespace(**{**vars(plain_server_args()), **settings})
-    qwen3_next = SimpleNamespace(hf_config=tiny_hf_config("Qwen3NextForCausalLM"), dtype=torch.bfloat16,
-                                 quantization=None)
+    qwen3_next = model_config(tiny_hf_config("Qwen3NextForCausalLM"), dtype=torch.bfloat16, quantization=None)
     assert takeover_decision(server_args, qwen3_next).reasons == (() if served else (STATE_CHECKPOINTS_REASON,))
-    qwen3 = SimpleNamespace(hf_config=tiny_hf_config("Qwen3ForCausalLM"), dtype=torch.bfloat16,
-                            quantization=None)
+    qwen3 = model_config(tiny_hf_config("Qwen3ForCausalLM"), dtype=torch.bfloat16, quantization=None)
     assert takeover_decision(server_args, qwen3).atom_serves
 
 
@@ -152,12 +151,27 @@ def test_published_qwen3_next_gets_hf_layer_types(tmp_path):
     assert layer_types[:4] == ["linear_attention"] * 3 + ["full_attention"]
 
 
-def test_vision_language_models_are_handed_back():
-    """SGLang keeps its own Qwen3.5 (its multimodal processors are registered to its classes)."""
-    server_args = plain_server_args()
-    qwen3_5 = SimpleNamespace(hf_config=tiny_vision_language_config("Qwen3_5ForConditionalGeneration"),
-                              dtype=torch.bfloat16, quantization=None)
-    assert takeover_decision(server_args, qwen3_5).reasons == (VISION_LANGUAGE_REASON,)
+@pytest.mark.parametrize("name", ["qwen3.5-27b", "qwen3.5-35b-a3b"])
+def test_published_qwen3_5_language_model_reads_sglangs_text_config(name, tmp_path):
+    """The published Qwen3.5 configs through SGLang's own ModelConfig with SGLang's no_buffer radix
+    cache: ATOM serves them, its language model built from the text config SGLang's VLM hands it
+    (whose config class keeps no layer_types) with the layer types of HF's rule: the published ones,
+    and the layer split of SGLang's state pool."""
+    from sglang.srt.server_args import ServerArgs
+
+    published = PUBLISHED[name]["config.json"]
+    (tmp_path / "config.json").write_text(json.dumps(published))
+    server_args = in_effect(ServerArgs(model_path=str(tmp_path), device="cpu", skip_tokenizer_init=True,
+                                       disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer"))
+    model_config = model_config_of(server_args)
+    assert takeover_decision(server_args, model_config).atom_serves
+    # Decided on the language model's config: at TP 2 the experts' split is checked on its sizes.
+    assert takeover_decision(ResolvedWith(server_args, tp_size=2), model_config).atom_serves
+    text_config = model_config.hf_config.text_config
+    assert getattr(text_config, "layer_types", None) is None
+    layer_types = atom_config_from_sglang(model_config, text_config).hf_config.layer_types
+    assert layer_types == published["text_config"]["layer_types"]
+    assert [i for i, kind in enumerate(layer_types) if kind == "full_attention"] == text_config.full_attention_layer_ids
 
 
 # Hub checkpoints' config files as published (atom-core's test data; sources beside it). Left out:

@@ -7,7 +7,7 @@ attention, with an FP8 KV cache too (on GPUs SGLang serves that itself: FP8_MLA_
 
 import pytest
 import torch
-from sglang_testing import run_sglang
+from sglang_testing import ResolvedWith, run_sglang
 
 from atom_core.testing.fp8_checkpoints import add_kv_cache_scales, write_tiny_fp8_checkpoint
 from atom_core.testing.reference import (
@@ -62,16 +62,6 @@ def test_fp8_mla_served_by_atom_on_sglang_latent_attention(tiny_model_dir, tmp_p
     assert within_bfloat16_noise(sglang, atom_bf16), (sglang, atom_bf16)
 
 
-class ResolvedOn:
-    """SGLang's (read-only) server arguments as a host of ``device`` resolves them."""
-
-    def __init__(self, server_args, device: str):
-        self.server_args, self.device = server_args, device
-
-    def __getattr__(self, name: str):
-        return getattr(self.server_args, name)
-
-
 def test_fp8_mla_cache_on_gpus_is_left_to_sglang(tiny_model_dir, tmp_path):
     """atom_sglang.config_translation.FP8_MLA_CACHE_REASON, from SGLang's own configs: ATOM serves MLA
     models with an FP8 KV cache on CPU only; FP8 MLA checkpoints with the model's cache dtype anywhere."""
@@ -87,7 +77,7 @@ def test_fp8_mla_cache_on_gpus_is_left_to_sglang(tiny_model_dir, tmp_path):
     for model, kv_cache_dtype, device, reasons in cells:
         server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16", kv_cache_dtype=kv_cache_dtype)
         model_config = ModelConfig.from_server_args(server_args)
-        assert takeover_decision(ResolvedOn(server_args, device), model_config).reasons == reasons
+        assert takeover_decision(ResolvedWith(server_args, device=device), model_config).reasons == reasons
 
 
 def test_fp8_mla_cache_served_by_atom(tiny_model_dir):

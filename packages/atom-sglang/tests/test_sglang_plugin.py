@@ -16,8 +16,9 @@ pytestmark = pytest.mark.sglang
 
 PROBE = os.path.join(TESTS_DIR, "plugin_probe.py")
 MARKER = "PLUGIN_PROBE_RESULT "
-ATOM_MODULE = "atom_sglang.model_wrapper"
-TEXT_ARCHITECTURES = [a for a, entry in SUPPORTED_ARCHITECTURES.items() if not entry.vision_language]
+# The module of ATOM's SGLang class of each architecture.
+ATOM_MODULES = {a: "atom_sglang.vision_language" if entry.vision_language else "atom_sglang.model_wrapper"
+                for a, entry in SUPPORTED_ARCHITECTURES.items()}
 SCENARIOS = {
     "active": {},
     # As if a parent process with ATOM active had handed its model package down.
@@ -50,11 +51,7 @@ def test_active_after_install_and_idempotent(probes):
     assert report["env_package"] == "atom_sglang.models"
     assert report["backend_registered"] and report["choice_count"] == 1
     assert set(report["hooks"].values()) == {1}, report["hooks"]
-    # SGLang keeps its own vision-language classes (its multimodal processors are registered to
-    # them); on this CPU stand-in of sgl_kernel its Qwen3.5 module does not import at all.
-    assert {a: m for a, m in report["model_modules"].items() if a in TEXT_ARCHITECTURES} == {
-        a: ATOM_MODULE for a in TEXT_ARCHITECTURES}
-    assert all(m != ATOM_MODULE for a, m in report["model_modules"].items() if a not in TEXT_ARCHITECTURES)
+    assert report["model_modules"] == ATOM_MODULES
     assert report["log"].count("INFO atom: SGLang plugin active") == 1
 
 
@@ -89,8 +86,7 @@ def test_user_model_package_keeps_precedence(probes):
     assert report["env_package"] == "user_models"
     modules = report["model_modules"]
     assert modules.pop("Qwen3ForCausalLM") == "user_models.qwen3"
-    assert {a: m for a, m in modules.items() if a in TEXT_ARCHITECTURES} == {
-        a: ATOM_MODULE for a in TEXT_ARCHITECTURES if a != "Qwen3ForCausalLM"}
+    assert modules == {a: m for a, m in ATOM_MODULES.items() if a != "Qwen3ForCausalLM"}
 
 
 def test_installed_sglang_is_in_the_supported_range():

@@ -8,7 +8,6 @@ vLLM alone serves Qwen3.5 on CPU only in bfloat16 with heads of a multiple of 32
 DeltaNet kernels: see test_qwen3_next_vllm), so HF is the reference here.
 """
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -29,6 +28,7 @@ from atom_core.testing.fp8_checkpoints import (
 )
 from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.reference import atom_logits
+from atom_core.testing.tiny_vision_language import hf_image_greedy, image_prompts, write_test_images
 
 pytestmark = [pytest.mark.vllm, needs_torchvision]
 
@@ -37,50 +37,13 @@ MAX_TOKENS = 10
 # 5.23 refuses ("Found 1 <|image_pad|> tokens in the text but no images were passed"), with or
 # without ATOM: the tests run without that cache.
 IMAGES_ONLY = {"limit_mm_per_prompt": {"image": 1, "video": 0}, "mm_processor_cache_gb": 0}
-# (height, width) of the test images: 4 x 6 and 2 x 2 merged tokens of the tiny tower.
-IMAGE_SIZES = [(64, 96), (32, 32)]
-QUESTIONS = ["The quick brown fox", "Paged attention stores keys"]
 # How far bfloat16 rounding moves these tiny models' logits (HF's own bf16 run included).
 BF16_LOGIT_ROUNDING = 0.1
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> list[str]:
-    rng = np.random.default_rng(0)
-    paths = []
-    for i, (height, width) in enumerate(IMAGE_SIZES):
-        path = tmp_path_factory.mktemp("images") / f"image{i}.png"
-        Image.fromarray((rng.random((height, width, 3)) * 255).astype("uint8")).save(path)
-        paths.append(str(path))
-    return paths
-
-
-def image_prompts(model: str, images: list[str]) -> list[dict]:
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(model)
-    return [{"text": processor.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
-                add_generation_prompt=True),
-             "image": image}
-            for question, image in zip(QUESTIONS, images)]
-
-
-def hf_image_greedy(model: str, prompts: list[dict], max_tokens: int) -> list[list[int]]:
-    """HF's Qwen3_5ForConditionalGeneration, its processor expanding each image's placeholder."""
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(model)
-    hf = hf_reference_model(model, "AutoModelForImageTextToText")
-    outputs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
-                               return_tensors="pt")
-            out = hf.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
-            outputs.append(out[0, inputs["input_ids"].shape[1]:].tolist())
-    return outputs
+    return write_test_images(str(tmp_path_factory.mktemp("images")))
 
 
 def hf_image_next_logits(dequantized: str, fp8: str, prompts: list[dict]) -> list[torch.Tensor]:

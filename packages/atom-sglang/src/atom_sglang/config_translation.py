@@ -3,7 +3,8 @@
 | ATOM Config field        | from SGLang                                                    |
 |--------------------------|----------------------------------------------------------------|
 | model                    | model_config.model_path                                        |
-| hf_config                | the HF config SGLang hands the model class, unpadded (below)   |
+| hf_config                | the HF config SGLang hands the model class, unpadded (below);  |
+|                          | a VLM's text config, with the checkpoint's quantization_config |
 | torch_dtype              | model_config.dtype                                             |
 | max_model_len            | model_config.context_len                                       |
 | compilation level        | always 0: torch.compile and CUDA graphs are SGLang's           |
@@ -14,7 +15,7 @@ keeping the true value in ``original_<name>``. SGLang's layers zero-pad their we
 layers load the checkpoint as it is, so ATOM gets a copy with the true sizes. Padded attention
 heads (a TP size that does not divide them) would change SGLang's KV pool as well and are refused.
 
-SGLang's own config class of Qwen3-Next keeps no ``layer_types``: it splits the layers by
+SGLang's own config classes of Qwen3-Next and Qwen3.5 (its text config) keep no ``layer_types``: it splits the layers by
 ``full_attention_interval`` alone, and sizes its state pool by that split. ATOM's model reads
 ``layer_types``, so ATOM gets a copy with them, by HF's rule for a config without them (every
 ``full_attention_interval``-th layer full attention, 4 by HF's default): the split SGLang's pool has.
@@ -27,6 +28,7 @@ import dataclasses
 from typing import Any
 
 from atom_core.config import Config
+from atom_core.hosting.hf_config import language_model_config
 from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, HostedModel, TakeoverDecision, decide_takeover
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.quantization import quant_config_from_hf
@@ -40,7 +42,7 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
     return HostedModel(
         host="SGLang",
         architecture=architectures[0],
-        hf_config=model_config.hf_config,
+        hf_config=language_model_config(model_config.hf_config, model_config.hf_text_config),
         dtype=model_config.dtype,
         quantization=model_config.quantization,
         lora=bool(server_args.enable_lora or server_args.lora_paths),
@@ -90,10 +92,6 @@ def keeps_state_checkpoints(server_args: Any) -> bool:
     return strategy != "no_buffer"
 
 
-# SGLang's vision-language models keep their own language model (atom_sglang.models.causal_lm).
-VISION_LANGUAGE_REASON = "SGLang's glue serves no language model of a vision-language model yet"
-
-
 # On CPU, --enable-torch-compile makes SGLang capture CPU graphs (its CPUGraphRunner), which ask the
 # attention backend for init_cpu_graph_state: SGLang's intel_amx backend has it, ATOM's has not.
 CPU_GRAPHS_REASON = "SGLang's CPU graphs (--enable-torch-compile on CPU) are not supported"
@@ -102,8 +100,6 @@ CPU_GRAPHS_REASON = "SGLang's CPU graphs (--enable-torch-compile on CPU) are not
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
-    if decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].vision_language:
-        return dataclasses.replace(decision, reasons=(VISION_LANGUAGE_REASON,))
     if decision.atom_serves and model.device == "cpu" and getattr(server_args, "enable_torch_compile", False):
         return dataclasses.replace(decision, reasons=(CPU_GRAPHS_REASON,))
     recurrent_state = decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state
@@ -145,10 +141,9 @@ def unpadded_hf_config(hf_config: Any) -> Any:
     return config
 
 
-def with_layer_types(hf_config: Any) -> Any:
-    """``hf_config`` of a hybrid model with HF's ``layer_types`` (a copy where it has none)."""
-    architectures = getattr(hf_config, "architectures", None) or [""]
-    entry = SUPPORTED_ARCHITECTURES.get(architectures[0])
+def with_layer_types(hf_config: Any, architecture: str) -> Any:
+    """``hf_config`` of a hybrid ``architecture`` with HF's ``layer_types`` (a copy where it has none)."""
+    entry = SUPPORTED_ARCHITECTURES.get(architecture)
     if entry is None or not entry.recurrent_state or getattr(hf_config, "layer_types", None) is not None:
         return hf_config
     interval = getattr(hf_config, "full_attention_interval", 4)
@@ -159,9 +154,13 @@ def with_layer_types(hf_config: Any) -> Any:
 
 
 def atom_config_from_sglang(model_config: Any, hf_config: Any) -> Config:
+    """``hf_config``: the config SGLang hands the model class (a vision-language model's text config
+    where it builds the language model)."""
+    architecture = (getattr(model_config.hf_config, "architectures", None) or [""])[0]
+    hf_config = language_model_config(model_config.hf_config, hf_config)
     return Config(
         model=model_config.model_path,
-        hf_config=with_layer_types(unpadded_hf_config(hf_config)),
+        hf_config=with_layer_types(unpadded_hf_config(hf_config), architecture),
         torch_dtype=model_config.dtype,
         max_model_len=model_config.context_len,
     )

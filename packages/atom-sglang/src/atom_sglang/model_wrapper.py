@@ -39,24 +39,47 @@ def host_model_class(architecture: str) -> type[nn.Module]:
     return classes[architecture]
 
 
+def new_atom_or_sglang_model(cls: type, config, quant_config, prefix: str) -> nn.Module:
+    """The ``__new__`` of ATOM's SGLang model classes: an instance of ``cls`` where ATOM serves the
+    configuration, else SGLang's own model for the architecture (``cls.__name__``)."""
+    server_args = server_args_in_effect()
+    return new_wrapper_or_host_model(
+        cls,
+        takeover_decision(server_args, model_config_of(server_args)),
+        lambda: host_model_class(cls.__name__)(config=config, quant_config=quant_config, prefix=prefix),
+    )
+
+
+def build_atom_model_in_sglang(architecture: str, hf_config, prefix: str) -> nn.Module:
+    """ATOM's model for ``architecture``, from the HF config SGLang hands the model class (a
+    vision-language model's text config for its language model), with ATOM's hooks into SGLang."""
+    install_sglang_hooks()
+    atom_config = atom_config_from_sglang(model_config_of(server_args_in_effect()), hf_config)
+    return build_atom_model(atom_config, architecture, "SGLang", prefix)
+
+
+def warm_up_fused_moe(atom_model: nn.Module) -> None:
+    """Compile the fused MoE for every batch size before serving (atom_core.hosting.warmup), from
+    SGLang's hook right after loading (``precompile_kernels_after_loading``). Otherwise its first
+    call would: in the decode CUDA-graph capture's warm-up runs where SGLang captures, in the first
+    request where it does not."""
+    start = time.perf_counter()
+    expert_layers = warm_up_fused_moe_layers(atom_model, atom_model.model.embed_tokens.weight.dtype)
+    if expert_layers:
+        log_warm_up(f"fused MoE of {expert_layers} expert layer(s)", time.perf_counter() - start)
+
+
 class ATOMForCausalLM(nn.Module):
     def __new__(cls, config, quant_config=None, prefix: str = ""):
-        server_args = server_args_in_effect()
-        return new_wrapper_or_host_model(
-            cls,
-            takeover_decision(server_args, model_config_of(server_args)),
-            lambda: host_model_class(cls.__name__)(config=config, quant_config=quant_config, prefix=prefix),
-        )
+        return new_atom_or_sglang_model(cls, config, quant_config, prefix)
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
         from sglang.srt.layers.logits_processor import LogitsProcessor
 
         self.config = config  # SGLang's model convention (its loader and LoRA read model.config)
-        install_sglang_hooks()
+        self.atom_model = build_atom_model_in_sglang(type(self).__name__, config, prefix)
         server_args = server_args_in_effect()
-        atom_config = atom_config_from_sglang(model_config_of(server_args), config)
-        self.atom_model = build_atom_model(atom_config, type(self).__name__, "SGLang", prefix)
         # SGLang's name for its transformer body, which its prefill CUDA graph captures (prefill_graph).
         self.model = PrefillBody(self.atom_model)
         if not self.model.layers:
@@ -83,13 +106,7 @@ class ATOMForCausalLM(nn.Module):
         return self.logits_processor(input_ids, hidden_states, self.atom_model.lm_head, forward_batch)
 
     def precompile_kernels_after_loading(self) -> None:
-        """SGLang's hook right after loading: compile the fused MoE for every batch size before
-        serving (atom_core.hosting.warmup). Otherwise its first call would: in the decode CUDA-graph
-        capture's warm-up runs where SGLang captures, in the first request where it does not."""
-        start = time.perf_counter()
-        expert_layers = warm_up_fused_moe_layers(self.atom_model, self.get_input_embeddings().weight.dtype)
-        if expert_layers:
-            log_warm_up(f"fused MoE of {expert_layers} expert layer(s)", time.perf_counter() - start)
+        warm_up_fused_moe(self.atom_model)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return {f"atom_model.{name}" for name in self.atom_model.load_weights(weights)}

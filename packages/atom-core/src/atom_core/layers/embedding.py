@@ -20,6 +20,12 @@ class VocabParallelEmbedding(nn.Module):
         self.rows_held = max(0, min(self.shard_size, vocab_size - self.vocab_start))
         self.weight = make_param((self.shard_size, hidden_size), self.weight_loader)
 
+    @property
+    def num_embeddings(self) -> int:
+        """``nn.Embedding``'s name of the vocabulary size, which hosts read (SGLang's placement of image
+        embeddings clamps the ids to it)."""
+        return self.vocab_size
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if loaded.shape[0] != self.vocab_size:
             raise ValueError(f"vocab size mismatch: checkpoint {loaded.shape[0]} vs config {self.vocab_size}")

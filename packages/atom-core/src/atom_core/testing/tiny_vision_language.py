@@ -33,9 +33,11 @@ class TinyVisionLanguage:
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 PATCH, MERGE = 8, 2
 
+# deepstack_visual_indexes as the published Qwen3.5 configs list it (empty: no deepstack features);
+# SGLang's config class of the tower defaults to Qwen3-VL's [8, 16, 24] where it is absent.
 QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=PATCH,
                    spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=80,
-                   num_position_embeddings=64)
+                   num_position_embeddings=64, deepstack_visual_indexes=[])
 QWEN_TOKEN_ID_KEYS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
 
 TINY_VISION_LANGUAGE: dict[str, TinyVisionLanguage] = {
@@ -122,6 +124,59 @@ def write_processor_configs(out_dir: str) -> None:
     with open(os.path.join(out_dir, "video_preprocessor_config.json"), "w") as f:
         json.dump({"video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor",
                    **common}, f)
+
+
+# (height, width) of the test images: 4 x 6 and 2 x 2 merged tokens of the tiny tower.
+TEST_IMAGE_SIZES = ((64, 96), (32, 32))
+TEST_QUESTIONS = ("The quick brown fox", "Paged attention stores keys")
+
+
+def write_test_images(out_dir: str) -> list[str]:
+    """Random RGB images of :data:`TEST_IMAGE_SIZES` as PNG files in ``out_dir``; their paths."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (height, width) in enumerate(TEST_IMAGE_SIZES):
+        path = os.path.join(out_dir, f"image{i}.png")
+        Image.fromarray((rng.random((height, width, 3)) * 255).astype("uint8")).save(path)
+        paths.append(path)
+    return paths
+
+
+def image_prompts(model: str, images: list[str]) -> list[dict[str, str]]:
+    """One chat prompt per image, ``{"text", "image"}``: the image, then a question, by the
+    checkpoint's chat template (one image placeholder, which the host's processor expands)."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model)
+    return [{"text": processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+                add_generation_prompt=True),
+             "image": image}
+            for question, image in zip(TEST_QUESTIONS, images)]
+
+
+def hf_image_greedy(model: str, prompts: list[dict[str, str]], max_tokens: int) -> list[list[int]]:
+    """HF's own vision-language model's greedy tokens for :func:`image_prompts`' prompts, its
+    processor expanding each image's placeholder."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from atom_core.testing.hf_classes import hf_reference_model
+
+    processor = AutoProcessor.from_pretrained(model)
+    hf = hf_reference_model(model, "AutoModelForImageTextToText")
+    outputs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
+                               return_tensors="pt")
+            out = hf.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+            outputs.append(out[0, inputs["input_ids"].shape[1]:].tolist())
+    return outputs
 
 
 def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str) -> str:

@@ -1,6 +1,5 @@
-"""One SGLang model class per architecture atom-core implements (``SUPPORTED_ARCHITECTURES``), but
-vision-language ones: SGLang keeps its own classes for those (its multimodal processors are
-registered against them), as this glue serves no language model inside SGLang's VLMs yet."""
+"""One SGLang model class per text architecture atom-core implements (``SUPPORTED_ARCHITECTURES``);
+vision-language ones are in :mod:`atom_sglang.models.vision_language`."""
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_sglang.model_wrapper import entry_class

@@ -6,6 +6,9 @@ tests put this directory first on ``PYTHONPATH`` of the engine processes. One op
 real in plain torch; every other name resolves to a stub that raises if it is ever called, so a
 silent wrong result is impossible.
 
+A few modules also bind ``torch.ops.sgl_kernel.*_cpu`` ops at import (SGLang's Qwen3.5, whose VLM
+classes ATOM's subclass): those are registered as torch ops that raise the same way.
+
 ``torch.ops.sgl_kernel.convert_weight_packed`` is deliberately absent: SGLang then reports no AMX
 support and takes its pure-torch CPU paths (RMSNorm, SiLU, RoPE, KV-cache stores).
 """
@@ -50,3 +53,16 @@ def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
     return _stub(name)
+
+
+# torch ops that SGLang modules bind at import on CPU (sglang.srt.models.qwen3_5, 0.5.17 to 0.5.23).
+IMPORT_TIME_TORCH_OPS = (
+    "fused_sigmoid_mul_cpu",
+    "fused_qk_gemma_rmsnorm_cpu",
+    "fused_qk_gemma_rmsnorm_with_gate_cpu",
+    "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+)
+_library = torch.library.Library("sgl_kernel", "FRAGMENT")
+for _name in IMPORT_TIME_TORCH_OPS:
+    _library.define(f"{_name}(Tensor[] args) -> Tensor")
+    _library.impl(_name, _stub(_name), "CompositeExplicitAutograd")
