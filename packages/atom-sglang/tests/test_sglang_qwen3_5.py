@@ -13,8 +13,14 @@ has one (a finished request's end, a prefill chunk's end), which ATOM's layers c
 import pytest
 from sglang_testing import run_sglang
 
-from atom_core.testing.reference import hf_greedy
-from atom_core.testing.tiny_vision_language import hf_image_greedy, image_prompts, write_test_images
+from atom_core.testing.fp8_checkpoints import write_dequantized_checkpoint, write_tiny_fp8_checkpoint
+from atom_core.testing.reference import hf_greedy, prompt_logprob_gaps, within_bfloat16_noise
+from atom_core.testing.tiny_vision_language import (
+    hf_image_greedy,
+    hf_image_next_logits,
+    image_prompts,
+    write_test_images,
+)
 from atom_sglang.served_by import describe_served_model
 
 pytestmark = pytest.mark.sglang
@@ -26,6 +32,8 @@ ENGINE_KWARGS = {"disable_overlap_schedule": True, "mamba_radix_cache_strategy":
                  "max_mamba_cache_size": 16}
 ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 TEXT_PROMPTS = [[5, 17, 99, 23, 7, 8, 9, 10, 11, 12, 40, 41, 42], [44, 45, 46]]
+# How far bfloat16 rounding moves these tiny models' logits (HF's own bf16 run included).
+BF16_LOGIT_ROUNDING = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +41,10 @@ def images(tmp_path_factory) -> list[str]:
     return write_test_images(str(tmp_path_factory.mktemp("images")))
 
 
-def model_of(tiny_model_dir, architecture: str) -> str:
+def model_of(tiny_model_dir, architecture: str, **sizes) -> str:
     # SGLang's config class of Qwen3.5 splits the layers by full_attention_interval and ignores
     # layer_types: the interval that gives the tiny checkpoint's layer types.
-    return tiny_model_dir(architecture, random_norms=True, full_attention_interval=2)
+    return tiny_model_dir(architecture, random_norms=True, full_attention_interval=2, **sizes)
 
 
 def run_and_check(model: str, images: list[str], engine_kwargs: dict) -> dict:
@@ -75,3 +83,31 @@ def test_dense_with_chunked_prefill(tiny_model_dir, images):
 def test_moe_matches_hf(tiny_model_dir, images):
     """Qwen3.5-MoE, SGLang's default chunking."""
     run_and_check(model_of(tiny_model_dir, "Qwen3_5MoeForConditionalGeneration"), images, {})
+
+
+def test_block_fp8_moe_checkpoint(tiny_model_dir, images, tmp_path):
+    """Qwen3.5-MoE in block FP8 as published (the language model's projections and experts FP8, its
+    Gated DeltaNet's b / a projections and the vision tower bf16 and listed unquantized), in bfloat16
+    (SGLang runs FP8 checkpoints in bf16 only). The text prompts' log-probabilities lie as close to
+    ATOM's language model alone in fp32 as ATOM alone's bf16 ones do; the image prompts' first tokens
+    are those of HF's own VLM on the dequantized weights with the same activation quantization
+    (fp32), or within bf16 rounding of its top logit. Weights of std 0.05, as for DeepSeek-V3 in
+    test_sglang_fp8: at the tiny models' usual 0.1, HF's own VLM in bf16 already picks a first token
+    outside its fp32 top three for one image."""
+    def smooth(architecture, **sizes):
+        return model_of(tiny_model_dir, architecture, std=0.05, **sizes)
+
+    model = write_tiny_fp8_checkpoint(smooth, "Qwen3_5MoeForConditionalGeneration", str(tmp_path / "fp8"),
+                                      "fp8-block")
+    with_images = image_prompts(model, images)
+    run = {"model": model, "phases": [with_images + TEXT_PROMPTS], "max_tokens": 1, "prompt_logprobs": True,
+           "engine_kwargs": {**ENGINE_KWARGS, "dtype": "bfloat16"}}
+    [[result]] = run_sglang(([run], ENV))
+    served_by = describe_served_model(result["log"], result)["atom_model"]
+    assert served_by == "atom_core.models.qwen3_5.Qwen3_5MoeForCausalLM"
+    outputs = result["phases"][0]
+    served = [o["prompt_logprobs"] for o in outputs[len(with_images):]]
+    assert within_bfloat16_noise(*prompt_logprob_gaps(model, TEXT_PROMPTS, served))
+    dequantized = write_dequantized_checkpoint(model, str(tmp_path / "dequantized"))
+    for output, logits in zip(outputs, hf_image_next_logits(dequantized, model, with_images)):
+        assert logits[output["tokens"][0]] > logits.max() - BF16_LOGIT_ROUNDING

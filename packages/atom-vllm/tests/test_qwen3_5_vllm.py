@@ -10,7 +10,6 @@ DeltaNet kernels: see test_qwen3_next_vllm), so HF is the reference here.
 
 import pytest
 import torch
-from PIL import Image
 from test_vllm_parity import make_prompts, tokens_of
 from vllm_testing import (
     bf16_logprob_tolerance,
@@ -22,13 +21,16 @@ from vllm_testing import (
 
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.testing.fp8_checkpoints import (
-    fake_quantized_activations,
     write_dequantized_checkpoint,
     write_tiny_fp8_checkpoint,
 )
-from atom_core.testing.hf_classes import hf_reference_model
 from atom_core.testing.reference import atom_logits
-from atom_core.testing.tiny_vision_language import hf_image_greedy, image_prompts, write_test_images
+from atom_core.testing.tiny_vision_language import (
+    hf_image_greedy,
+    hf_image_next_logits,
+    image_prompts,
+    write_test_images,
+)
 
 pytestmark = [pytest.mark.vllm, needs_torchvision]
 
@@ -44,22 +46,6 @@ BF16_LOGIT_ROUNDING = 0.1
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> list[str]:
     return write_test_images(str(tmp_path_factory.mktemp("images")))
-
-
-def hf_image_next_logits(dequantized: str, fp8: str, prompts: list[dict]) -> list[torch.Tensor]:
-    """HF's own VLM on the dequantized copy of the FP8 checkpoint ``fp8``, with its activation
-    quantization (fp32): each prompt's next-token logits."""
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(dequantized)
-    hf = hf_reference_model(dequantized, "AutoModelForImageTextToText")
-    logits = []
-    with torch.no_grad(), fake_quantized_activations(hf, fp8):
-        for prompt in prompts:
-            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
-                               return_tensors="pt")
-            logits.append(hf(**inputs).logits[0, -1])
-    return logits
 
 
 def assert_atom_serves_the_language_model(result, model: str) -> None:

@@ -7,8 +7,9 @@ built with the text config. SGLang hands it the merged input embeddings and, for
 positions of shape [3, T]. The LM head is ATOM's too; SGLang's logits processor runs on it.
 
 Each class has the architecture's name: SGLang's registry keys a class by it, and SGLang finds a
-VLM's multimodal processor by it. Where ATOM does not serve the configuration (atom_core.hosting.takeover), the constructor returns
-SGLang's own model instead, as the text classes do (atom_sglang.model_wrapper).
+VLM's multimodal processor by it. Where ATOM does not serve the configuration
+(atom_core.hosting.takeover), the constructor returns SGLang's own model instead, as the text
+classes do (atom_sglang.model_wrapper).
 """
 
 from __future__ import annotations

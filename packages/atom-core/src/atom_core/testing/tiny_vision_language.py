@@ -179,6 +179,26 @@ def hf_image_greedy(model: str, prompts: list[dict[str, str]], max_tokens: int) 
     return outputs
 
 
+def hf_image_next_logits(dequantized: str, fp8: str, prompts: list[dict[str, str]]) -> list[torch.Tensor]:
+    """HF's own VLM on the dequantized copy of the FP8 checkpoint ``fp8``, with its activation
+    quantization (fp32): each of :func:`image_prompts`' prompts' next-token logits."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from atom_core.testing.fp8_checkpoints import fake_quantized_activations
+    from atom_core.testing.hf_classes import hf_reference_model
+
+    processor = AutoProcessor.from_pretrained(dequantized)
+    hf = hf_reference_model(dequantized, "AutoModelForImageTextToText")
+    logits = []
+    with torch.no_grad(), fake_quantized_activations(hf, fp8):
+        for prompt in prompts:
+            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
+                               return_tensors="pt")
+            logits.append(hf(**inputs).logits[0, -1])
+    return logits
+
+
 def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str) -> str:
     """A tiny Kimi-K2.5 checkpoint with its language model only: ``text_dir``'s DeepSeek-V3
     checkpoint (atom_core.testing.tiny_models) under Kimi-K2.5's published names
