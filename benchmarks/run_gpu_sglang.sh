@@ -10,7 +10,7 @@
 # step's report is rewritten after every model, so a time-limited machine keeps what finished.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"offline kv-fp8-offline gpt-oss-offline mla-offline profile serving gpu-tests"}
+steps=${*:-"offline kv-fp8-offline gpt-oss-offline mla-offline hybrid-offline profile serving gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export HF_HUB_OFFLINE=1 ATOM_LOG_TRITON_COMPILES=1
 # sglang_run.py on each MODEL alone and with ATOM into OUT_DIR/RUNS, then bench_offline.py's REPORT
@@ -43,6 +43,11 @@ for step in $steps; do
                        gpt-oss-20b ;;
     # ATOM's MLA models on SGLang's MLA attention (its fa3 on Hopper).
     mla-offline) offline_pairs mla-runs offline-sglang-mla.json auto deepseek-v2-lite moonlight-16b-a3b ;;
+    # Qwen3-Next (on GPUs the host serves hybrids unless asked), both engines with the state cache
+    # ATOM's Gated DeltaNet layers keep (atom_sglang.config_translation.STATE_CHECKPOINTS_REASON).
+    hybrid-offline) ATOM_SERVE_HYBRID_ON_GPU=1 EXTRA="--engine-arg mamba_radix_cache_strategy=no_buffer
+                      --engine-arg disable_overlap_schedule=true" offline_pairs hybrid-runs offline-sglang-hybrid.json \
+                      auto qwen3-next-80b-a3b-16l ;;
     # Per-kernel GPU time of a prefill window and a workload pass (SGLang's scheduler profiler).
     profile) EXTRA="--profile --correctness 32,64" offline_pairs profile-runs offline-sglang-profiled.json auto \
                ${PROFILE_MODELS:-qwen3-30b-a3b-fp8} ;;

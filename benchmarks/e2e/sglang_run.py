@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 from kernel_summary import summarise, trace_kernel_times
 from offline_workload import (
@@ -99,6 +100,9 @@ def main() -> None:
         if args.profile:
             measured["profile"] = profile_windows(engine, args, vocab)
         scheduler = engine.get_server_info()["internal_states"][0]
+    except BaseException:
+        traceback.print_exc()  # before SGLang's shutdown, which stops every child process (tee too)
+        raise
     finally:
         engine.shutdown()
     # The scheduler wrote ATOM's lines while it built the model, long before: tee has copied them.

@@ -23,7 +23,7 @@ vLLM orders each batch [decodes | prefills], a decode being a request of at most
   each sequence's end), as vLLM's FlashAttention-MLA backend does: expanding a whole cached context
   for a few new tokens cost ATOM more host time than vLLM (an H200 serving prefix-cache hits of 1008 of
   1024 tokens on DeepSeek-V2-Lite: 33 against 21 ms scheduled-to-first-token,
-  ``benchmarks/results/serving-h200-deepseek-v2-lite.json[b49119a-repeated-prompts]``).
+  ``benchmarks/results/serving-h200-deepseek-v2-lite.json.gz[b49119a-repeated-prompts]``).
   ATOM's Triton decode takes one token per sequence, so there the threshold stays 1.
 - prefills (fresh prompts, chunked-prefill chunks, prefix-cache hits alike): the same fused op with
   the raw q_nope, then each sequence's whole latent context is gathered from the cache (its new
