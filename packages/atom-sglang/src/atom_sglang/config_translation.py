@@ -15,10 +15,11 @@ keeping the true value in ``original_<name>``. SGLang's layers zero-pad their we
 layers load the checkpoint as it is, so ATOM gets a copy with the true sizes. Padded attention
 heads (a TP size that does not divide them) would change SGLang's KV pool as well and are refused.
 
-SGLang's own config classes of Qwen3-Next and Qwen3.5 (its text config) keep no ``layer_types``: it splits the layers by
-``full_attention_interval`` alone, and sizes its state pool by that split. ATOM's model reads
-``layer_types``, so ATOM gets a copy with them, by HF's rule for a config without them (every
-``full_attention_interval``-th layer full attention, 4 by HF's default): the split SGLang's pool has.
+SGLang's own config classes of Qwen3-Next and of Qwen3.5's text model keep no ``layer_types``: SGLang
+splits the layers by ``full_attention_interval`` alone, and sizes its state pool by that split. ATOM's
+model reads ``layer_types``, so ATOM gets a copy with them, by HF's rule for a config without them
+(every ``full_attention_interval``-th layer full attention, 4 by HF's default): the split SGLang's
+pool has.
 """
 
 from __future__ import annotations
