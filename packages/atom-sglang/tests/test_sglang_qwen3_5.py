@@ -111,3 +111,26 @@ def test_block_fp8_moe_checkpoint(tiny_model_dir, images, tmp_path):
     dequantized = write_dequantized_checkpoint(model, str(tmp_path / "dequantized"))
     for output, logits in zip(outputs, hf_image_next_logits(dequantized, model, with_images)):
         assert logits[output["tokens"][0]] > logits.max() - BF16_LOGIT_ROUNDING
+
+
+def test_weight_updates_reach_the_language_model_and_the_vision_tower(tiny_model_dir, images, tmp_path):
+    """What RL frameworks call on a running engine (as test_sglang_rl_interfaces does for a text
+    model): start on checkpoint A, load B with ``update_weights_from_disk``, then A's tensors by HF name
+    with ``update_weights_from_tensor`` in two buckets. Each phase's image + text tokens equal HF's on
+    the checkpoint then loaded. Each phase shows a new image: SGLang keeps the vision tower's output per
+    image across weight updates (its multimodal embedding cache, which its cache flush leaves)."""
+    from atom_core.testing.tiny_vision_language import build_tiny_vision_language_model
+
+    architecture = "Qwen3_5MoeForConditionalGeneration"
+    a = model_of(tiny_model_dir, architecture)
+    b = build_tiny_vision_language_model(architecture, str(tmp_path / "b"), seed=1, random_norms=True,
+                                         full_attention_interval=2)
+    phases = [[image_prompts(checkpoint, [image])[0], *TEXT_PROMPTS]
+              for checkpoint, image in zip((a, b, a), images)]
+    run = {"model": a, "phases": phases, "max_tokens": MAX_TOKENS, "engine_kwargs": ENGINE_KWARGS,
+           "weight_updates": [None, {"from_disk": b}, {"from_tensors": a}]}
+    [[result]] = run_sglang(([run], ENV))
+    expected = [hf_image_greedy(checkpoint, phase[:1], MAX_TOKENS) + hf_greedy(checkpoint, TEXT_PROMPTS, MAX_TOKENS)
+                for checkpoint, phase in zip((a, b, a), phases)]
+    assert [[o["tokens"] for o in phase] for phase in result["phases"]] == expected
+    assert expected[1][1:] != expected[0][1:]

@@ -126,8 +126,8 @@ def write_processor_configs(out_dir: str) -> None:
                    **common}, f)
 
 
-# (height, width) of the test images: 4 x 6 and 2 x 2 merged tokens of the tiny tower.
-TEST_IMAGE_SIZES = ((64, 96), (32, 32))
+# (height, width) of the test images: 4 x 6, 2 x 2 and 3 x 2 merged tokens of the tiny tower.
+TEST_IMAGE_SIZES = ((64, 96), (32, 32), (48, 32))
 TEST_QUESTIONS = ("The quick brown fox", "Paged attention stores keys")
 
 
