@@ -16,6 +16,7 @@ from sglang_testing import run_sglang
 from atom_core.testing.fp8_checkpoints import write_dequantized_checkpoint, write_tiny_fp8_checkpoint
 from atom_core.testing.reference import hf_greedy, prompt_logprob_gaps, within_bfloat16_noise
 from atom_core.testing.tiny_vision_language import (
+    build_tiny_vision_language_model,
     hf_image_greedy,
     hf_image_next_logits,
     image_prompts,
@@ -119,8 +120,6 @@ def test_weight_updates_reach_the_language_model_and_the_vision_tower(tiny_model
     with ``update_weights_from_tensor`` in two buckets. Each phase's image + text tokens equal HF's on
     the checkpoint then loaded. Each phase shows a new image: SGLang keeps the vision tower's output per
     image across weight updates (its multimodal embedding cache, which its cache flush leaves)."""
-    from atom_core.testing.tiny_vision_language import build_tiny_vision_language_model
-
     architecture = "Qwen3_5MoeForConditionalGeneration"
     a = model_of(tiny_model_dir, architecture)
     b = build_tiny_vision_language_model(architecture, str(tmp_path / "b"), seed=1, random_norms=True,
