@@ -16,7 +16,6 @@ from sglang_testing import run_sglang
 from atom_core.testing.fp8_checkpoints import write_dequantized_checkpoint, write_tiny_fp8_checkpoint
 from atom_core.testing.reference import hf_greedy, prompt_logprob_gaps, within_bfloat16_noise
 from atom_core.testing.tiny_vision_language import (
-    build_tiny_vision_language_model,
     hf_image_greedy,
     hf_image_next_logits,
     image_prompts,
@@ -114,16 +113,14 @@ def test_block_fp8_moe_checkpoint(tiny_model_dir, images, tmp_path):
         assert logits[output["tokens"][0]] > logits.max() - BF16_LOGIT_ROUNDING
 
 
-def test_weight_updates_reach_the_language_model_and_the_vision_tower(tiny_model_dir, images, tmp_path):
+def test_weight_updates_reach_the_language_model_and_the_vision_tower(tiny_model_dir, images):
     """What RL frameworks call on a running engine (as test_sglang_rl_interfaces does for a text
     model): start on checkpoint A, load B with ``update_weights_from_disk``, then A's tensors by HF name
     with ``update_weights_from_tensor`` in two buckets. Each phase's image + text tokens equal HF's on
     the checkpoint then loaded. Each phase shows a new image: SGLang keeps the vision tower's output per
     image across weight updates (its multimodal embedding cache, which its cache flush leaves)."""
     architecture = "Qwen3_5MoeForConditionalGeneration"
-    a = model_of(tiny_model_dir, architecture)
-    b = build_tiny_vision_language_model(architecture, str(tmp_path / "b"), seed=1, random_norms=True,
-                                         full_attention_interval=2)
+    a, b = model_of(tiny_model_dir, architecture), model_of(tiny_model_dir, architecture, seed=1)
     phases = [[image_prompts(checkpoint, [image])[0], *TEXT_PROMPTS]
               for checkpoint, image in zip((a, b, a), images)]
     run = {"model": a, "phases": phases, "max_tokens": MAX_TOKENS, "engine_kwargs": ENGINE_KWARGS,

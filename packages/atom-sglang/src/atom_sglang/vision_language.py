@@ -51,8 +51,8 @@ class ATOMLanguageModel(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, forward_batch,
                 input_embeds: torch.Tensor | None = None, pp_proxy_tensors=None,
                 input_deepstack_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        if input_deepstack_embeds is not None and input_deepstack_embeds.numel():
-            raise NotImplementedError("ATOM's language models take no deepstack image embeddings")
+        """``input_deepstack_embeds``: SGLang's Qwen3-VL machinery hands them over; Qwen3.5 has none
+        (HF's model adds none, the published configs list no deepstack layers), so they are not read."""
         with bind_forward_batch(forward_batch):
             return self.atom_model(input_ids, positions, input_embeds)
 

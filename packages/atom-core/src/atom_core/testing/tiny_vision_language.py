@@ -158,10 +158,17 @@ def image_prompts(model: str, images: list[str]) -> list[dict[str, str]]:
             for question, image in zip(TEST_QUESTIONS, images)]
 
 
+def processor_inputs(processor, prompt: dict[str, str]) -> dict:
+    """HF's processor on one of :func:`image_prompts`' prompts: the model's inputs."""
+    from PIL import Image
+
+    return processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
+                     return_tensors="pt")
+
+
 def hf_image_greedy(model: str, prompts: list[dict[str, str]], max_tokens: int) -> list[list[int]]:
     """HF's own vision-language model's greedy tokens for :func:`image_prompts`' prompts, its
     processor expanding each image's placeholder."""
-    from PIL import Image
     from transformers import AutoProcessor
 
     from atom_core.testing.hf_classes import hf_reference_model
@@ -171,8 +178,7 @@ def hf_image_greedy(model: str, prompts: list[dict[str, str]], max_tokens: int) 
     outputs = []
     with torch.no_grad():
         for prompt in prompts:
-            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
-                               return_tensors="pt")
+            inputs = processor_inputs(processor, prompt)
             out = hf.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, eos_token_id=None,
                               pad_token_id=0)
             outputs.append(out[0, inputs["input_ids"].shape[1]:].tolist())
@@ -182,7 +188,6 @@ def hf_image_greedy(model: str, prompts: list[dict[str, str]], max_tokens: int) 
 def hf_image_next_logits(dequantized: str, fp8: str, prompts: list[dict[str, str]]) -> list[torch.Tensor]:
     """HF's own VLM on the dequantized copy of the FP8 checkpoint ``fp8``, with its activation
     quantization (fp32): each of :func:`image_prompts`' prompts' next-token logits."""
-    from PIL import Image
     from transformers import AutoProcessor
 
     from atom_core.testing.fp8_checkpoints import fake_quantized_activations
@@ -193,8 +198,7 @@ def hf_image_next_logits(dequantized: str, fp8: str, prompts: list[dict[str, str
     logits = []
     with torch.no_grad(), fake_quantized_activations(hf, fp8):
         for prompt in prompts:
-            inputs = processor(text=[prompt["text"]], images=[Image.open(prompt["image"]).convert("RGB")],
-                               return_tensors="pt")
+            inputs = processor_inputs(processor, prompt)
             logits.append(hf(**inputs).logits[0, -1])
     return logits
 
