@@ -12,8 +12,10 @@ graphs (``--eager``: disable_cuda_graph), radix cache, chunked prefill, its defa
 ``disable_radix_cache=true``) and as a string otherwise (``device=cpu``).
 
 The same random prompts as engine_run.py (offline_workload.py). No tokenizer: the engine takes and
-returns token ids (``skip_tokenizer_init``). Dummy weights as SGLang's dummy loader draws them: from
-one seed per parameter, so they depend only on its size and dtype, and native and ATOM see the same.
+returns token ids (``skip_tokenizer_init``); SGLang still loads a vision-language model's processor,
+so a ``--config`` with a ``vision_config`` gets the tiny test processor (text prompts only). Dummy
+weights as SGLang's dummy loader draws them: from one seed per parameter, so they depend only on its
+size and dtype, and native and ATOM see the same.
 
 ``served_by`` (atom_sglang.served_by): SGLang builds the model in its scheduler process, which this
 process cannot reach; ATOM's log lines from there say which model class served, so this script keeps a
@@ -48,6 +50,7 @@ from offline_workload import (
 )
 
 from atom_core.testing.jit_monitor import JIT_LINE
+from atom_core.testing.tiny_vision_language import write_tokenizer_and_processor
 from atom_sglang import envs
 from atom_sglang.served_by import describe_served_model
 
@@ -87,6 +90,8 @@ def main() -> None:
     import sglang
 
     path, load_format, config = model_dir(args)
+    if load_format == "dummy" and "vision_config" in config:
+        write_tokenizer_and_processor(path, config["architectures"][0])
     vocab = vocab_size(config)
     start = time.perf_counter()
     engine = sglang.Engine(**{

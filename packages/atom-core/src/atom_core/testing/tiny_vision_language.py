@@ -84,9 +84,8 @@ def build_tiny_vision_language_model(architecture: str, out_dir: str, seed: int 
     """Write a tiny random ``architecture`` checkpoint with its tokenizer and processor to
     ``out_dir`` (fp32) and return the path; ``random_norms`` as in build_tiny_model,
     ``text_overrides`` as in :func:`tiny_vision_language_config`."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+    from transformers import AutoModelForImageTextToText
 
-    spec = TINY_VISION_LANGUAGE[architecture]
     config = tiny_vision_language_config(architecture, **text_overrides)
     config.text_config.initializer_range = std
     config.vision_config.initializer_range = std
@@ -100,17 +99,25 @@ def build_tiny_vision_language_model(architecture: str, out_dir: str, seed: int 
                 tensor.add_(torch.randn_like(tensor) * std)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
+    write_tokenizer_and_processor(out_dir, architecture)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"do_sample": False, "bos_token_id": 1, "eos_token_id": None}, f)
+    return out_dir
+
+
+def write_tokenizer_and_processor(out_dir: str, architecture: str) -> None:
+    """A trained tokenizer with ``architecture``'s vision tokens and the HF processor, in ``out_dir``.
+    Hosts load the processor of a vision-language model even when they take token ids only."""
+    from transformers import AutoProcessor, AutoTokenizer
+
     build_tokenizer(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
-    tokenizer.add_special_tokens({"additional_special_tokens": list(spec.vision_tokens)})
+    tokenizer.add_special_tokens({"additional_special_tokens": list(TINY_VISION_LANGUAGE[architecture].vision_tokens)})
     tokenizer.save_pretrained(out_dir)
     write_processor_configs(out_dir)
     processor = AutoProcessor.from_pretrained(out_dir)
     processor.chat_template = CHAT_TEMPLATE
     processor.save_pretrained(out_dir)
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-        json.dump({"do_sample": False, "bos_token_id": 1, "eos_token_id": None}, f)
-    return out_dir
 
 
 def write_processor_configs(out_dir: str) -> None:
