@@ -41,13 +41,14 @@ for step in $steps; do
     # On GPUs SGLang serves gpt-oss itself unless asked (atom_core.hosting.takeover.SLOWER_ON_GPU).
     gpt-oss-offline) ATOM_SERVE_WHERE_SLOWER=1 offline_pairs gpt-oss-runs offline-sglang-gpt-oss.json auto \
                        gpt-oss-20b ;;
-    # ATOM's MLA models on SGLang's MLA attention (its fa3 on Hopper).
-    mla-offline) offline_pairs mla-runs offline-sglang-mla.json auto deepseek-v2-lite moonlight-16b-a3b ;;
-    # Qwen3-Next (on GPUs the host serves hybrids unless asked), both engines with the state cache
-    # ATOM's Gated DeltaNet layers keep (atom_sglang.config_translation.STATE_CHECKPOINTS_REASON).
+    # ATOM's MLA models on SGLang's MLA attention (its fa3 on Hopper); MLA_MODELS narrows the list.
+    mla-offline) offline_pairs mla-runs offline-sglang-mla.json auto ${MLA_MODELS:-deepseek-v2-lite moonlight-16b-a3b} ;;
+    # Qwen3-Next and Qwen3.5 (on GPUs the host serves hybrids unless asked), both engines with the state
+    # cache ATOM's Gated DeltaNet layers keep (atom_sglang.config_translation.STATE_CHECKPOINTS_REASON).
+    # HYBRID_MODELS narrows the list.
     hybrid-offline) ATOM_SERVE_HYBRID_ON_GPU=1 EXTRA="--engine-arg mamba_radix_cache_strategy=no_buffer
                       --engine-arg disable_overlap_schedule=true" offline_pairs hybrid-runs offline-sglang-hybrid.json \
-                      auto qwen3-next-80b-a3b-16l ;;
+                      auto ${HYBRID_MODELS:-qwen3-next-80b-a3b-16l qwen3.5-35b-a3b} ;;
     # Per-kernel GPU time of a prefill window and a workload pass (SGLang's scheduler profiler).
     profile) EXTRA="--profile --correctness 32,64" offline_pairs profile-runs offline-sglang-profiled.json auto \
                ${PROFILE_MODELS:-qwen3-30b-a3b-fp8} ;;
