@@ -115,28 +115,32 @@ def test_chunked_triton_equals_recurrent_triton():
         assert_close(chunked_state[seq : seq + 1], state, torch.float32, "accumulated")
 
 
-def state_cache_rows(num_rows, num_v_heads, head_k, head_v, dtype):
+def state_cache_rows(num_rows, num_v_heads, head_k, head_v, dtype, value_major=False):
     """A host's state cache: rows [HV, K, V] in pages wider than one state (vLLM's pages also hold
-    the conv state), in ``dtype``."""
+    the conv state), in ``dtype``; ``value_major``: each head's state stored as [V, K] (SGLang's pool),
+    the rows the transposed view of it."""
     state_size = num_v_heads * head_k * head_v
     pages = rand(num_rows, state_size + 40, scale=0.5).to(dtype)
+    if value_major:
+        return pages, pages[:, :state_size].unflatten(1, (num_v_heads, head_v, head_k)).transpose(-1, -2)
     return pages, pages[:, :state_size].unflatten(1, (num_v_heads, head_k, head_v))
 
 
 @pytest.mark.parametrize("op", ["gated_delta_rule", "gated_delta_rule_decode"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_state_slots_read_and_write_rows_of_a_cache(op, state_dtype):
+@pytest.mark.parametrize("value_major", [False, True], ids=["k-by-v", "v-by-k"])
+def test_state_slots_read_and_write_rows_of_a_cache(op, state_dtype, value_major):
     """With ``state_slots`` each sequence's state is a row of a host's cache, read and written in
-    place in the cache's dtype: the Triton kernels equal the reference, rows of no sequence keep
-    their bytes (the page tails too)."""
+    place in the cache's dtype and layout: the Triton kernels equal the reference, rows of no
+    sequence keep their bytes (the page tails too)."""
     num_k_heads, num_v_heads, head_k, head_v = 2, 4, 32, 16
     prefill = op == "gated_delta_rule"
     lengths = LENGTHS if prefill else [1] * 4
     slots = torch.tensor([5, 0, 3, 6], dtype=torch.int32, device=DEVICE)
     inputs = gdn_inputs(lengths, num_k_heads, num_v_heads, head_k, head_v)
-    pages, cache = state_cache_rows(8, num_v_heads, head_k, head_v, state_dtype)
+    pages, cache = state_cache_rows(8, num_v_heads, head_k, head_v, state_dtype, value_major)
     expected_pages = pages.clone()
-    expected_cache = expected_pages[:, : cache[0].numel()].unflatten(1, cache.shape[1:])
+    expected_cache = expected_pages.as_strided(cache.shape, cache.stride())
     extra = (cu_seqlens(lengths), torch.tensor(HAS_INITIAL, device=DEVICE)) if prefill else ()
     expected = impl(op, "torch")(*inputs, *extra[:1], expected_cache, *extra[1:], True, slots)
     out = impl(op, "triton")(*inputs, *extra[:1], cache, *extra[1:], True, slots)
@@ -146,6 +150,7 @@ def test_state_slots_read_and_write_rows_of_a_cache(op, state_dtype):
     untouched[slots.long()] = False
     assert torch.equal(pages[untouched], expected_pages[untouched])
     assert torch.equal(pages[:, cache[0].numel():], expected_pages[:, cache[0].numel():])
+    assert cache[0].is_contiguous() != value_major
 
 
 @pytest.mark.gpu

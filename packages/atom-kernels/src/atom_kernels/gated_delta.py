@@ -12,7 +12,8 @@ have it) and ``q_t`` scaled by ``1 / sqrt(K)``; all of it in fp32, as HF's
 Shapes: ``q``, ``k`` [T, HK, K]; ``v`` [T, HV, V]; ``g`` (log decay, <= 0) and ``beta`` [T, HV];
 value head ``h`` reads query/key head ``h // (HV // HK)``. ``state`` holds one [HV, K, V] state per
 sequence: row ``i`` for sequence ``i`` ([N, HV, K, V]), or, with ``state_slots`` [N], row
-``state_slots[i]`` of a host's state cache ([slots, HV, K, V], rows at any stride, any float dtype).
+``state_slots[i]`` of a host's state cache ([slots, HV, K, V] at any strides, e.g. the transposed view
+of SGLang's [slots, HV, V, K]; any float dtype).
 The ops read it (where ``has_initial_state`` says so, zeros otherwise) and overwrite it with the
 final state. The output has ``q``'s dtype.
 """
@@ -226,16 +227,17 @@ def _load_query_key(ptr, rows, row_mask, stride_t, cols, col_mask, USE_QK_L2NORM
 
 
 @triton.jit
-def _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
-                    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, HAS_SLOTS: tl.constexpr):
+def _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, state_stride_h, state_stride_k,
+                    state_stride_v, k_cols, v_cols, HAS_SLOTS: tl.constexpr):
     """[BLOCK_K, BLOCK_V] pointers into sequence ``seq``'s state: row ``seq`` of the state, or row
-    ``slots[seq]``; rows ``state_stride_s`` apart, each a contiguous [HV, K, V]."""
+    ``slots[seq]``, at the state's strides (SGLang keeps each head's state as [V, K], vLLM as [K, V];
+    Triton specializes the stride of 1, so either layout loads contiguously)."""
     if HAS_SLOTS:
         row = tl.load(slots_ptr + seq).to(tl.int64)
     else:
         row = seq.to(tl.int64)
-    base = row * state_stride_s + head * HEAD_K * HEAD_V
-    return state_ptr + base + k_cols[:, None] * HEAD_V + v_cols[None, :]
+    base = row * state_stride_s + head * state_stride_h
+    return state_ptr + base + k_cols[:, None] * state_stride_k + v_cols[None, :] * state_stride_v
 
 
 @triton.jit
@@ -382,7 +384,7 @@ def _gated_delta_chunk_state_kernel(
     has_initial_state_ptr,
     group,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, g_stride_t, w_stride_t, w_stride_h, u_stride_t,
-    u_stride_h, out_stride_t, state_stride_s, scale,
+    u_stride_h, out_stride_t, state_stride_s, state_stride_h, state_stride_k, state_stride_v, scale,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
@@ -405,8 +407,8 @@ def _gated_delta_chunk_state_kernel(
     length = tl.load(cu_seqlens_ptr + seq + 1) - start
     k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
     v_cols, v_mask = _columns(tl.program_id(2), BLOCK_V, HEAD_V)
-    state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
-                                 HEAD_K, HEAD_V, HAS_SLOTS)
+    state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, state_stride_h, state_stride_k,
+                                 state_stride_v, k_cols, v_cols, HAS_SLOTS)
     state_mask = k_mask[:, None] & v_mask[None, :]
     has_initial = tl.load(has_initial_state_ptr + seq) != 0
     S = tl.load(state_ptrs, mask=state_mask & has_initial, other=0.0).to(tl.float32)
@@ -450,6 +452,9 @@ def _gated_delta_rule_decode_kernel(
     beta_stride_t,
     out_stride_t,
     state_stride_s,
+    state_stride_h,
+    state_stride_k,
+    state_stride_v,
     scale,
     HEAD_K: tl.constexpr,
     HEAD_V: tl.constexpr,
@@ -464,8 +469,8 @@ def _gated_delta_rule_decode_kernel(
     key_head = head // group
     k_cols, k_mask = _columns(0, BLOCK_K, HEAD_K)
     v_cols, v_mask = _columns(tl.program_id(2), BLOCK_V, HEAD_V)
-    state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, k_cols, v_cols,
-                                 HEAD_K, HEAD_V, HAS_SLOTS)
+    state_ptrs = _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, state_stride_h, state_stride_k,
+                                 state_stride_v, k_cols, v_cols, HAS_SLOTS)
     state_mask = k_mask[:, None] & v_mask[None, :]
     S = tl.load(state_ptrs, mask=state_mask, other=0.0).to(tl.float32)
 
@@ -490,11 +495,9 @@ def _gated_delta_rule_decode_kernel(
     tl.store(state_ptrs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
 
 
-def _check_layout(op: str, q, k, v, g, beta, state: torch.Tensor) -> None:
+def _check_layout(op: str, q, k, v, g, beta) -> None:
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_last_dim_contiguous(f"{op} {name}", t)
-    if state.shape[0] and not state[0].is_contiguous():
-        raise ValueError(f"{op}: each state row must be a contiguous [HV, K, V], got strides {state.stride()}")
 
 
 def _block_sizes(head_k_dim: int, head_v_dim: int) -> tuple[int, int]:
@@ -551,7 +554,7 @@ def state_pass(q, k, g, w, u, cu_seqlens, state, has_initial_state, use_qk_l2nor
     _gated_delta_chunk_state_kernel[(num_seqs, num_v_heads, cdiv(head_v_dim, block_v))](
         q, k, g, w, u, out, state, state_slots, cu_seqlens, has_initial_state, num_v_heads // num_k_heads,
         *q.stride()[:2], *k.stride()[:2], g.stride(0), *w.stride()[:2], *u.stride()[:2],
-        out.stride(0), state.stride(0), head_k_dim**-0.5, HEAD_K=head_k_dim, HEAD_V=head_v_dim,
+        out.stride(0), *state.stride(), head_k_dim**-0.5, HEAD_K=head_k_dim, HEAD_V=head_v_dim,
         USE_QK_L2NORM=use_qk_l2norm, HAS_SLOTS=state_slots is not None, CHUNK=CHUNK_SIZE, BLOCK_K=block_k,
         BLOCK_V=block_v, DOT_PRECISION=_dot_precision(q), DOT_16BIT=STATE_DOT_16BIT and block_v >= 64,
         num_warps=STATE_WARPS, num_stages=STATE_STAGES,
@@ -568,7 +571,7 @@ def gated_delta_rule_triton(q, k, v, g, beta, cu_seqlens, state: torch.Tensor, h
     num_seqs = check_state_seqs("gated_delta_rule", cu_seqlens, has_initial_state)
     _check_args("gated_delta_rule", q, k, v, g, beta, state, num_seqs, state_slots)
     check_same_device(q=q, cu_seqlens=cu_seqlens, has_initial_state=has_initial_state)
-    _check_layout("gated_delta_rule", q, k, v, g, beta, state)
+    _check_layout("gated_delta_rule", q, k, v, g, beta)
     if num_seqs == 0 or q.shape[0] == 0:
         return torch.empty(v.shape, dtype=q.dtype, device=q.device)
     w, u = prepare_chunks(k, v, g, beta, cu_seqlens, use_qk_l2norm)
@@ -579,7 +582,7 @@ def gated_delta_rule_triton(q, k, v, g, beta, cu_seqlens, state: torch.Tensor, h
 def gated_delta_rule_decode_triton(q, k, v, g, beta, state: torch.Tensor, use_qk_l2norm: bool = True,
                                    state_slots: torch.Tensor | None = None) -> torch.Tensor:
     _check_args("gated_delta_rule_decode", q, k, v, g, beta, state, q.shape[0], state_slots)
-    _check_layout("gated_delta_rule_decode", q, k, v, g, beta, state)
+    _check_layout("gated_delta_rule_decode", q, k, v, g, beta)
     num_k_heads, head_k_dim = q.shape[1:]
     num_v_heads, head_v_dim = v.shape[1:]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
@@ -588,7 +591,7 @@ def gated_delta_rule_decode_triton(q, k, v, g, beta, state: torch.Tensor, use_qk
         _gated_delta_rule_decode_kernel[(q.shape[0], num_v_heads, cdiv(head_v_dim, block_v))](
             q, k, v, g, beta, out, state, state_slots, num_v_heads // num_k_heads,
             *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], g.stride(0), beta.stride(0),
-            out.stride(0), state.stride(0), head_k_dim**-0.5,
+            out.stride(0), *state.stride(), head_k_dim**-0.5,
             HEAD_K=head_k_dim, HEAD_V=head_v_dim, USE_QK_L2NORM=use_qk_l2norm,
             HAS_SLOTS=state_slots is not None, BLOCK_K=block_k, BLOCK_V=block_v,
         )
