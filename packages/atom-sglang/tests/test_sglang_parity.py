@@ -8,7 +8,7 @@ the 49-token prompt is prefilled in chunks while other requests decode in the sa
 SGLang processes, all at once: ATOM active and no attention flag (ATOM's model classes and, by
 default, ATOM's attention backend; then Qwen3 once more on SGLang's torch_native backend under
 ATOM's model); the same for further families, checked against HF only; ATOM_DISABLE_SGLANG_PLUGIN=1
-for the parity families. Their logs show which classes served.
+for the parity families; and, ATOM active, an architecture only SGLang implements. Their logs show which classes served.
 """
 
 import random
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.sglang
 
 ARCHITECTURES = parity_architectures()
 ATOM_ONLY = atom_only_architectures()
+# SGLang implements it, ATOM does not.
+HOST_ONLY = "Qwen2ForCausalLM"
 MAX_TOKENS = 32
 ENGINE_KWARGS = {"chunked_prefill_size": 16, "enable_mixed_chunk": True}
 
@@ -50,7 +52,7 @@ def tiny_model(tiny_model_dir):
 @pytest.fixture(scope="module")
 def expected(tiny_model) -> dict[str, list[list[int]]]:
     prompts = [p for phase in make_phases() for p in phase]
-    return {arch: hf_greedy(tiny_model(arch), prompts, MAX_TOKENS) for arch in ARCHITECTURES + ATOM_ONLY}
+    return {arch: hf_greedy(tiny_model(arch), prompts, MAX_TOKENS) for arch in ARCHITECTURES + ATOM_ONLY + [HOST_ONLY]}
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +61,12 @@ def runs(tiny_model) -> dict[str, dict[str, dict]]:
     torch_native attention. ``native``: ATOM_DISABLE_SGLANG_PLUGIN=1."""
     atom_runs = [run_spec(tiny_model(arch)) for arch in ARCHITECTURES]
     atom_runs.append(run_spec(tiny_model("Qwen3ForCausalLM"), attention_backend="torch_native"))
-    more_runs = [run_spec(tiny_model(arch)) for arch in ATOM_ONLY]
+    more_runs = [run_spec(tiny_model(arch)) for arch in ATOM_ONLY + [HOST_ONLY]]
     native_runs = [run_spec(tiny_model(arch)) for arch in ARCHITECTURES]
     atom, more, native = run_sglang((atom_runs, {}), (more_runs, {}),
                                     (native_runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
     return {
-        "atom": {**dict(zip(ARCHITECTURES + ATOM_ONLY, atom[:-1] + more)),
+        "atom": {**dict(zip(ARCHITECTURES + ATOM_ONLY + [HOST_ONLY], atom[:-1] + more)),
                  "Qwen3ForCausalLM+torch_native": atom[-1]},
         "native": dict(zip(ARCHITECTURES, native)),
     }
@@ -142,3 +144,11 @@ def test_atom_model_on_sglang_attention(runs, expected):
     assert "Use atom attention backend" not in result["log"]
     assert "prefill and extend attention kernels" not in result["log"]
     assert tokens_of(result) == expected["Qwen3ForCausalLM"]
+
+
+def test_architecture_atom_does_not_implement_is_served_by_sglang(runs, expected):
+    result = runs["atom"][HOST_ONLY]
+    assert served_by(result)["atom_model"] is None
+    assert f"INFO atom: Architecture {HOST_ONLY} is not implemented by ATOM; SGLang's own model serves it" in (
+        result["log"])
+    assert tokens_of(result) == expected[HOST_ONLY]

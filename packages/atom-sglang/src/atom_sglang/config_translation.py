@@ -35,14 +35,18 @@ from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.quantization import quant_config_from_hf
 
 
+def architecture_of(model_config: Any) -> str:
+    """The architecture SGLang looks up first for ``model_config`` ("" where the config names none)."""
+    return (getattr(model_config.hf_config, "architectures", None) or [""])[0]
+
+
 def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel:
     """What SGLang asks of the model, for the takeover decision (atom_core.hosting.takeover).
     ``model_config.quantization`` is the method SGLang resolved: the checkpoint's, or the one
     ``--quantization`` asked for."""
-    architectures = getattr(model_config.hf_config, "architectures", None) or [""]
     return HostedModel(
         host="SGLang",
-        architecture=architectures[0],
+        architecture=architecture_of(model_config),
         hf_config=language_model_config(model_config.hf_config, model_config.hf_text_config),
         dtype=model_config.dtype,
         quantization=model_config.quantization,

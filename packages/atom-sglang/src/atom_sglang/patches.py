@@ -27,6 +27,10 @@ change would let us delete it.
    (atom_sglang.attention.gated_delta.GatedDeltaMetadataBackend), and SGLang's GDN backend does not
    even import on CPU without ``sgl_kernel``'s CPU ops. Remove when SGLang lets a model choose the
    linear-attention backend of its hybrid wrapper.
+5. ``sglang.srt.model_loader.loader._initialize_model`` (AROUND). Why: for an architecture ATOM
+   registers no class of, SGLang's registry builds its own model and no code of ATOM's runs, so
+   nothing would say who serves it; this hook logs the one line that says so (as atom-vllm's platform
+   does). Remove when SGLang's plugins can see the model config of every model the scheduler builds.
 
 Hooks only change behaviour when ATOM serves the model (or ``atom`` was chosen), so a process serving
 other models, or a configuration ATOM hands back, sees SGLang's own choices.
@@ -131,11 +135,23 @@ def hybrid_linear_attention_backend(original, runner, full_attn_backend):
     return hybrid_backend(runner, full_attn_backend, gdn_config.full_attention_layer_ids)
 
 
+def report_host_model(original, model_config, *args, **kwargs):
+    from atom_core.hosting.takeover import report_not_implemented
+    from atom_core.models import SUPPORTED_ARCHITECTURES
+    from atom_sglang.config_translation import architecture_of
+
+    architecture = architecture_of(model_config)
+    if architecture and architecture not in SUPPORTED_ARCHITECTURES:
+        report_not_implemented("SGLang", architecture)
+    return original(model_config, *args, **kwargs)
+
+
 def hooks() -> list[tuple[str, Any]]:
     """(target, AROUND hook) of each hook above, where the installed SGLang defines the target."""
     triton = ("sglang.srt.utils.common.support_triton", support_triton)
     hybrid = ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper",
               hybrid_linear_attention_backend)
+    host_model = ("sglang.srt.model_loader.loader._initialize_model", report_host_model)
     if resolves_server_args_in_steps():  # SGLang 0.5.19 to 0.5.23
         return [
             ("sglang.srt.arg_groups.model_override_base.get_default_attn_backend", default_attention_backend),
@@ -148,6 +164,7 @@ def hooks() -> list[tuple[str, Any]]:
         ("sglang.srt.server_args.ServerArgs._handle_cpu_backends", assign_cpu_default_attention_backend),
         triton,
         hybrid,
+        host_model,
     ]
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from vllm.platforms import builtin_platform_plugins
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
-from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, enforce_strict
+from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, enforce_strict, report_not_implemented
 from atom_core.log import logger
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_vllm import envs
@@ -181,7 +181,4 @@ class ATOMPlatform(_Base):
             logger.info("vLLM's %s builds its language model as %s, which ATOM serves where it supports "
                         "the configuration", decision.architecture, language_model)
         elif decision.architecture and decision.architecture not in SUPPORTED_ARCHITECTURES:
-            logger.info(
-                "Architecture %s is not implemented by ATOM; vLLM's own model serves it",
-                decision.architecture,
-            )
+            report_not_implemented("vLLM", decision.architecture)

@@ -350,6 +350,11 @@ def report_hand_back(decision: TakeoverDecision) -> None:
     logger.info(decision.hand_back_line())
 
 
+def report_not_implemented(host: str, architecture: str) -> None:
+    """For an architecture ATOM implements no class of: the one INFO line saying the host serves it."""
+    logger.info(f"Architecture {architecture} is not implemented by ATOM; {host}'s own model serves it")
+
+
 def new_wrapper_or_host_model(cls: type, decision: TakeoverDecision,
                               host_model: Callable[[], Any]) -> Any:
     """What a glue's model wrapper ``cls.__new__`` returns: a new ``cls`` where ATOM serves, else,
