@@ -70,6 +70,28 @@ def test_padded_heads_are_refused():
         unpadded_hf_config(hf_config(original_num_attention_heads=3))
 
 
+@pytest.mark.parametrize("heads, kv_heads, atom_serves", [(6, 3, False), (4, 1, False), (8, 2, True)])
+def test_heads_sglang_pads_on_cpu_are_handed_back(tmp_path, heads, kv_heads, atom_serves):
+    """TP 2 on CPU: where it does not divide the heads, SGLang pads them when its model runner starts.
+    ATOM hands such a model back both before (the attention default) and after (the model class)."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.update_config import adjust_config_with_unaligned_cpu_tp
+    from sglang.srt.server_args import ServerArgs
+
+    hf_config(num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=16,
+              architectures=["Qwen3ForCausalLM"]).save_pretrained(tmp_path)
+    server_args = ResolvedWith(in_effect(ServerArgs(model_path=str(tmp_path), device="cpu", skip_tokenizer_init=True)),
+                               tp_size=2)
+    model_config = model_config_of(server_args)
+    before = takeover_decision(server_args, model_config)
+    adjust_config_with_unaligned_cpu_tp(model_config, LoadConfig(), 2)
+    assert (model_config.num_attention_heads != heads) == (not atom_serves)
+    after = takeover_decision(server_args, model_config)
+    reason = (f"SGLang pads {heads} query and {kv_heads} KV heads on CPU for TP size 2, which does not divide "
+              "them; ATOM's models take unpadded heads only")
+    assert before.reasons == after.reasons == (() if atom_serves else (reason,))
+
+
 def plain_server_args() -> SimpleNamespace:
     """The server arguments the decision reads, as SGLang's defaults on a CPU set them."""
     return SimpleNamespace(enable_lora=False, lora_paths=None, tp_size=1, pp_size=1, kv_cache_dtype="auto",

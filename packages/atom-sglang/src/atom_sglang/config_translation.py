@@ -13,7 +13,8 @@ On ``--device cpu`` SGLang pads the HF config in place before building the model
 (``adjust_config_with_unaligned_cpu_tp``): MLP/expert intermediate sizes up to a multiple of 32 x TP,
 keeping the true value in ``original_<name>``. SGLang's layers zero-pad their weights to match; ATOM's
 layers load the checkpoint as it is, so ATOM gets a copy with the true sizes. Padded attention
-heads (a TP size that does not divide them) would change SGLang's KV pool as well and are refused.
+heads (a TP size that does not divide them) would change SGLang's KV pool as well: such models are
+handed back (:func:`cpu_padded_heads`).
 
 SGLang's own config classes of Qwen3-Next and of Qwen3.5's text model keep no ``layer_types``: SGLang
 splits the layers by ``full_attention_interval`` alone, and sizes its state pool by that split. ATOM's
@@ -102,9 +103,25 @@ def keeps_state_checkpoints(server_args: Any) -> bool:
 CPU_GRAPHS_REASON = "SGLang's CPU graphs (--enable-torch-compile on CPU) are not supported"
 
 
+def cpu_padded_heads(model: HostedModel) -> str | None:
+    """Why SGLang pads this model's attention heads, where it does: on CPU, for a TP size that does not
+    divide the query or KV heads, it pads both (``adjust_config_with_unaligned_cpu_tp``, when the model
+    runner starts, keeping the true counts in ``original_*``). Read from those where present."""
+    config, tp = model.hf_config, model.tensor_parallel_size
+    heads = getattr(config, "original_num_attention_heads", config.num_attention_heads)
+    kv_heads = getattr(config, "original_total_num_kv_heads", getattr(config, "num_key_value_heads", None) or heads)
+    if model.device != "cpu" or (heads % tp == 0 and kv_heads % tp == 0):
+        return None
+    return (f"SGLang pads {heads} query and {kv_heads} KV heads on CPU for TP size {tp}, which does not divide "
+            "them; ATOM's models take unpadded heads only")
+
+
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
+    padded_heads = cpu_padded_heads(model) if decision.atom_serves else None
+    if padded_heads:
+        return dataclasses.replace(decision, reasons=(padded_heads,))
     if decision.atom_serves and model.device == "cpu" and getattr(server_args, "enable_torch_compile", False):
         return dataclasses.replace(decision, reasons=(CPU_GRAPHS_REASON,))
     recurrent_state = decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state
