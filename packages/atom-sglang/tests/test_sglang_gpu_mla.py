@@ -71,9 +71,9 @@ def test_mla_fp8_kv_cache_against_sglang_alone(tiny_model_dir):
     prefill in the expanded form) then round differently, so the first tokens agree up to near-ties:
     all prompts but at most one, across engines and across ATOM's two backends."""
     phases = prompt_phases(1)
-    # SGLang's own DeepSeek reads moe_layer_freq, which HF's config class has no default for (published
-    # configs list it).
-    model = tiny_model_dir("DeepseekV2ForCausalLM", **MLA_WIDTHS, moe_layer_freq=1)
+    # SGLang's own DeepSeek reads moe_layer_freq and scoring_func, which HF's config class has no
+    # defaults for (published configs list them; with both SGLang alone builds it on CPU).
+    model = tiny_model_dir("DeepseekV2ForCausalLM", **MLA_WIDTHS, moe_layer_freq=1, scoring_func="softmax")
     runs = {backend: engine_run(model, phases, backend, "fp8_e4m3") for backend in ("fa3", "triton")}
     [[fa3, triton], [alone]] = run_sglang(([runs["fa3"], runs["triton"]], {}),
                                           ([runs["fa3"]], {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}), cpu_engine=False)
