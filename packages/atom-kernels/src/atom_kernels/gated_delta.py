@@ -231,7 +231,7 @@ def _state_pointers(state_ptr, slots_ptr, seq, head, state_stride_s, state_strid
                     state_stride_v, k_cols, v_cols, HAS_SLOTS: tl.constexpr):
     """[BLOCK_K, BLOCK_V] pointers into sequence ``seq``'s state: row ``seq`` of the state, or row
     ``slots[seq]``, at the state's strides (SGLang keeps each head's state as [V, K], vLLM as [K, V];
-    Triton specializes the stride of 1, so either layout loads contiguously)."""
+    Triton specializes a stride of 1, so the compiler sees which of the two is contiguous)."""
     if HAS_SLOTS:
         row = tl.load(slots_ptr + seq).to(tl.int64)
     else:
