@@ -9,6 +9,9 @@ phase 1's last conversation (its prompt, HF's answer and a new turn) and shares 
 first prompt: SGLang's radix cache of hybrid models (its ``no_buffer`` strategy, which needs overlap
 scheduling off) keeps the state at the end of each finished request and of each prefill chunk, and
 hands a request the state of its longest cached prefix that has one, which ATOM's layers continue.
+
+Two engines serve the same requests: one on the torch references of ATOM's ops, one with the ops that
+read and write the state pool on their Triton kernels (TRITON_STATE_OPS), as GPUs run them.
 """
 
 import random
@@ -27,6 +30,13 @@ ENGINE_KWARGS = {"chunked_prefill_size": 16, "enable_mixed_chunk": True, "disabl
                  "max_mamba_cache_size": 16}
 # SGLang keeps conv states in bfloat16 unless told otherwise; the fp32 comparison with HF needs fp32.
 ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
+# The ops that read and write SGLang's state pool, on their Triton kernels (through Triton's
+# interpreter here), every other op on its torch one: the kernels GPUs run, on the pool's real
+# layouts. The torch references take any strides; the kernels met the recurrent states' [V, K]
+# layout first on a GPU.
+STATE_OPS = ("GATED_DELTA_RULE", "GATED_DELTA_RULE_DECODE", "CAUSAL_CONV1D", "CAUSAL_CONV1D_DECODE")
+TRITON_STATE_OPS = {"TRITON_INTERPRET": "1", "ATOM_KERNEL_BACKEND": "torch",
+                    **{f"ATOM_KERNEL_BACKEND_{op}": "triton" for op in STATE_OPS}}
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +58,25 @@ def phases_and_expected(model) -> tuple[list[list[list[int]]], list[list[int]]]:
 
 
 @pytest.fixture(scope="module")
-def result(model, phases_and_expected) -> dict:
+def results(model, phases_and_expected) -> dict[str, dict]:
+    """One engine per kernel set, started at once."""
     phases, _ = phases_and_expected
-    [[result]] = run_sglang(([{"model": model, "phases": phases, "max_tokens": MAX_TOKENS,
-                               "engine_kwargs": ENGINE_KWARGS}], ENV))
-    return result
+    run = {"model": model, "phases": phases, "max_tokens": MAX_TOKENS, "engine_kwargs": ENGINE_KWARGS}
+    [[torch_ops], [triton_state_ops]] = run_sglang(([run], ENV), ([run], {**ENV, **TRITON_STATE_OPS}))
+    return {"torch": torch_ops, "triton": triton_state_ops}
 
 
-def test_atom_serves_qwen3_next_with_sglangs_state_pool(result):
+@pytest.fixture(params=["torch", "triton"])
+def kernels(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def result(kernels, results) -> dict:
+    return results[kernels]
+
+
+def test_atom_serves_qwen3_next_with_sglangs_state_pool(result, kernels):
     served = describe_served_model(result["log"], result)
     assert served["architecture"] == ARCHITECTURE
     assert served["atom_model"] == "atom_core.models.qwen3_next.Qwen3NextForCausalLM"
@@ -66,6 +87,8 @@ def test_atom_serves_qwen3_next_with_sglangs_state_pool(result):
     assert "Warm-up before serving: Gated DeltaNet prefill kernels of 1 layer shape(s) in" in (
         result["startup_log"])
     assert "Warm-up before serving" not in result["serving_log"]
+    report = next(line for line in result["startup_log"].splitlines() if "atom kernels: " in line)
+    assert all(f"{op.lower()}={kernels}" in report for op in STATE_OPS), report
 
 
 def test_chunked_prefill_and_radix_cache_match_hf(result, phases_and_expected):

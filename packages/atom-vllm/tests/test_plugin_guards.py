@@ -90,6 +90,11 @@ def test_register_model_is_idempotent_and_overrides_supported_architectures(monk
         assert registered.load_model_cls() is wrapper
         # vLLM's own entry stays underneath: it serves what ATOM hands back.
         assert registered.host_entry.module_name.startswith("vllm.model_executor.models.")
-        assert registered.inspect_model_cls() == registered.host_entry.inspect_model_cls()
+    # vLLM reads a model's traits (hybrid, multimodal, ...) from its entry's model info, which ATOM's
+    # entry takes from vLLM's own. One architecture: each inspection imports its vLLM module in a
+    # subprocess (seconds each with a cold cache), and every entry is the same class.
+    hybrid = ModelRegistry.models["Qwen3NextForCausalLM"]
+    assert hybrid.inspect_model_cls() == hybrid.host_entry.inspect_model_cls()
+    assert hybrid.inspect_model_cls().is_hybrid
     # Architectures ATOM does not implement stay vLLM's.
     assert ModelRegistry.models["Qwen2ForCausalLM"].module_name.startswith("vllm.")
