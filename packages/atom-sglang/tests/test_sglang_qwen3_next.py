@@ -32,8 +32,8 @@ ENGINE_KWARGS = {"chunked_prefill_size": 16, "enable_mixed_chunk": True, "disabl
 ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 # The ops that read and write SGLang's state pool, on their Triton kernels (through Triton's
 # interpreter here), every other op on its torch one: the kernels GPUs run, on the pool's real
-# layouts. The torch references take any strides; the kernels met the recurrent states' [V, K]
-# layout first on a GPU.
+# layouts (recurrent states stored [V, K]). The torch references take any strides, so only the
+# kernels show a layout they cannot read.
 STATE_OPS = ("GATED_DELTA_RULE", "GATED_DELTA_RULE_DECODE", "CAUSAL_CONV1D", "CAUSAL_CONV1D_DECODE")
 TRITON_STATE_OPS = {"TRITON_INTERPRET": "1", "ATOM_KERNEL_BACKEND": "torch",
                     **{f"ATOM_KERNEL_BACKEND_{op}": "triton" for op in STATE_OPS}}
