@@ -72,8 +72,11 @@ def test_mla_fp8_kv_cache_against_sglang_alone(tiny_model_dir):
     all prompts but at most one, across engines and across ATOM's two backends."""
     phases = prompt_phases(1)
     # SGLang's own DeepSeek reads moe_layer_freq and scoring_func, which HF's config class has no
-    # defaults for (published configs list them; with both SGLang alone builds it on CPU).
-    model = tiny_model_dir("DeepseekV2ForCausalLM", **MLA_WIDTHS, moe_layer_freq=1, scoring_func="softmax")
+    # defaults for (published configs list them; with both SGLang alone builds it on CPU). It prefills
+    # in the expanded form on FA3, which takes unequal Q/K and V head dims only in (128, 192] and
+    # (96, 128]: DeepSeek's own 128 + 64 and 128 (on the tiny model's 16 + 64 and 20 it failed on an H200).
+    model = tiny_model_dir("DeepseekV2ForCausalLM", **MLA_WIDTHS, moe_layer_freq=1, scoring_func="softmax",
+                           qk_nope_head_dim=128, v_head_dim=128)
     runs = {backend: engine_run(model, phases, backend, "fp8_e4m3") for backend in ("fa3", "triton")}
     [[fa3, triton], [alone]] = run_sglang(([runs["fa3"], runs["triton"]], {}),
                                           ([runs["fa3"]], {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}), cpu_engine=False)
