@@ -10,7 +10,7 @@
 # step's report is rewritten after every model, so a time-limited machine keeps what finished.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"offline kv-fp8-offline gpt-oss-offline mla-offline hybrid-offline profile serving gpu-tests"}
+steps=${*:-"offline kv-fp8-offline gpt-oss-offline mla-offline mla-kv-fp8-offline hybrid-offline profile serving gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export HF_HUB_OFFLINE=1 ATOM_LOG_TRITON_COMPILES=1
 # sglang_run.py on each MODEL alone and with ATOM into OUT_DIR/RUNS, then bench_offline.py's REPORT
@@ -43,6 +43,7 @@ for step in $steps; do
                        gpt-oss-20b ;;
     # ATOM's MLA models on SGLang's MLA attention (its fa3 on Hopper); MLA_MODELS narrows the list.
     mla-offline) offline_pairs mla-runs offline-sglang-mla.json auto ${MLA_MODELS:-deepseek-v2-lite moonlight-16b-a3b} ;;
+    mla-kv-fp8-offline) offline_pairs mla-kv-fp8-runs offline-sglang-mla-kv-fp8.json fp8_e4m3 deepseek-v2-lite ;;
     # Qwen3-Next and Qwen3.5 (on GPUs the host serves hybrids unless asked), both engines with the state
     # cache ATOM's Gated DeltaNet layers keep (atom_sglang.config_translation.STATE_CHECKPOINTS_REASON).
     # HYBRID_MODELS narrows the list.

@@ -3,11 +3,11 @@ bfloat16 only; tiny models written in the published layouts by atom_core.testing
 greedy tokens equal ATOM's model alone in bfloat16 on the same checkpoint
 (atom_core.testing.reference.atom_greedy; in float32 its logits match HF transformers within FP8
 rounding, see atom-core's test_fp8_parity.py). MLA models run ATOM's model on SGLang's latent
-attention, with an FP8 KV cache too (on GPUs SGLang serves that itself: FP8_MLA_CACHE_REASON)."""
+attention, with an FP8 KV cache too (on GPUs: test_sglang_gpu_mla.py)."""
 
 import pytest
 import torch
-from sglang_testing import ResolvedWith, run_sglang
+from sglang_testing import run_sglang
 
 from atom_core.testing.fp8_checkpoints import add_kv_cache_scales, write_tiny_fp8_checkpoint
 from atom_core.testing.reference import (
@@ -60,24 +60,6 @@ def test_fp8_mla_served_by_atom_on_sglang_latent_attention(tiny_model_dir, tmp_p
     assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
     sglang, atom_bf16 = prompt_logprob_gaps(model, PROMPTS, [o["prompt_logprobs"] for o in result["phases"][0]])
     assert within_bfloat16_noise(sglang, atom_bf16), (sglang, atom_bf16)
-
-
-def test_fp8_mla_cache_on_gpus_is_left_to_sglang(tiny_model_dir, tmp_path):
-    """atom_sglang.config_translation.FP8_MLA_CACHE_REASON, from SGLang's own configs: ATOM serves MLA
-    models with an FP8 KV cache on CPU only; FP8 MLA checkpoints with the model's cache dtype anywhere."""
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.server_args import ServerArgs
-
-    from atom_sglang.config_translation import FP8_MLA_CACHE_REASON, takeover_decision
-
-    fp8 = write_tiny_fp8_checkpoint(tiny_model_dir, "DeepseekV3ForCausalLM", str(tmp_path / "fp8"), "fp8-block")
-    bf16 = tiny_model_dir("DeepseekV3ForCausalLM")
-    cells = ((fp8, "auto", "cuda", ()), (bf16, "fp8_e4m3", "cpu", ()),
-             (bf16, "fp8_e4m3", "cuda", (FP8_MLA_CACHE_REASON,)))
-    for model, kv_cache_dtype, device, reasons in cells:
-        server_args = ServerArgs(model_path=model, device="cpu", dtype="bfloat16", kv_cache_dtype=kv_cache_dtype)
-        model_config = ModelConfig.from_server_args(server_args)
-        assert takeover_decision(ResolvedWith(server_args, device=device), model_config).reasons == reasons
 
 
 def test_fp8_mla_cache_served_by_atom(tiny_model_dir):

@@ -31,7 +31,7 @@ from typing import Any
 
 from atom_core.config import Config
 from atom_core.hosting.hf_config import language_model_config
-from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, HostedModel, TakeoverDecision, decide_takeover
+from atom_core.hosting.takeover import HostedModel, TakeoverDecision, decide_takeover
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_core.quantization import quant_config_from_hf
 
@@ -64,12 +64,6 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
         generates=not server_args.is_embedding,
         device=server_args.device,
     )
-
-
-# SGLang runs ATOM's MLA models on its own latent attention (atom_sglang.host_hooks), FP8 checkpoints
-# included (checked in bf16, SGLang's only dtype for FP8: tests/test_sglang_fp8.py), and so an FP8 KV
-# cache, which SGLang's MLA backend keeps: checked on CPU; its GPU backends not yet run with ATOM.
-FP8_MLA_CACHE_REASON = "an FP8 KV cache of MLA models on SGLang's GPU backends is not verified yet"
 
 
 # SGLang 0.5.17's compressed-tensors config gives RadixAttention no KV-cache method: its own models
@@ -130,11 +124,6 @@ def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     checkpoint = quant_config_from_hf(model.hf_config) if decision.atom_serves else None
     if checkpoint is not None and checkpoint.kv_cache_scales:
         return dataclasses.replace(decision, reasons=(CT_KV_SCALES_REASON,))
-    mla = getattr(model.hf_config, "kv_lora_rank", None) is not None
-    if not (decision.atom_serves and mla):
-        return decision
-    if model.kv_cache_dtype in FP8_KV_CACHE_DTYPES and model.device != "cpu":
-        return dataclasses.replace(decision, reasons=(FP8_MLA_CACHE_REASON,))
     return decision
 
 
