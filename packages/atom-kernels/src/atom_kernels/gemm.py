@@ -258,7 +258,7 @@ def _split_k(tiles: int, k_steps: int, min_steps: int, device: torch.device, fro
     4x (H200, ``fp8-h200.json.gz[split-k]``). The swapped tiles of up to 32 rows take 8 steps and no split
     below ``from_steps`` = 32 K steps, where the sum kernel's launch costs more than the split saves
     (``fp8-h200.json.gz[swap-ab]``: K = 2048 unsplit 5.5-6.3 us, in two 6.4-8.0). Programs an SM, long-K
-    layers with the quantization launch, four against two (``results/fp8-gemm-h200.json``,
+    layers with the quantization launch, four against two (``results/fp8-gemm-h200.json.gz``,
     ``[2026-11-29-148a1a1]`` against ``[2026-11-30-25d6097]``): at 16 rows four were faster (Qwen3-8B's
     down_proj 21.7 / 25.3 us, DeepSeek-V3's o_proj 40.0 / 47.5), at 32 rows two (28.5 / 27.0, 54.5 /
     49.8; a 32-row tile holds more shared memory and registers, so fewer fit an SM: not profiled). Per
