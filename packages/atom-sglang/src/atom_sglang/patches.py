@@ -148,23 +148,21 @@ def report_host_model(original, model_config, *args, **kwargs):
 
 def hooks() -> list[tuple[str, Any]]:
     """(target, AROUND hook) of each hook above, where the installed SGLang defines the target."""
-    triton = ("sglang.srt.utils.common.support_triton", support_triton)
-    hybrid = ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper",
-              hybrid_linear_attention_backend)
-    host_model = ("sglang.srt.model_loader.loader._initialize_model", report_host_model)
+    every_release = [
+        ("sglang.srt.utils.common.support_triton", support_triton),
+        ("sglang.srt.layers.attention.attention_registry.attn_backend_wrapper", hybrid_linear_attention_backend),
+        ("sglang.srt.model_loader.loader._initialize_model", report_host_model),
+    ]
     if resolves_server_args_in_steps():  # SGLang 0.5.19 to 0.5.23
         return [
             ("sglang.srt.arg_groups.model_override_base.get_default_attn_backend", default_attention_backend),
             ("sglang.srt.arg_groups.platform_hook.handle_cpu_backends", declare_cpu_default_attention_backend),
-            triton,
-            hybrid,
+            *every_release,
         ]
     return [  # SGLang 0.5.17 and 0.5.18
         ("sglang.srt.server_args.ServerArgs._get_default_attn_backend", default_attention_backend),
         ("sglang.srt.server_args.ServerArgs._handle_cpu_backends", assign_cpu_default_attention_backend),
-        triton,
-        hybrid,
-        host_model,
+        *every_release,
     ]
 
 
