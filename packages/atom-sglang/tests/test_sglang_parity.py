@@ -7,8 +7,9 @@ the 49-token prompt is prefilled in chunks while other requests decode in the sa
 
 SGLang processes, all at once: ATOM active and no attention flag (ATOM's model classes and, by
 default, ATOM's attention backend; then Qwen3 once more on SGLang's torch_native backend under
-ATOM's model); the same for further families, checked against HF only; ATOM_DISABLE_SGLANG_PLUGIN=1
-for the parity families; and, ATOM active, an architecture only SGLang implements. Their logs show which classes served.
+ATOM's model); the same for further families, checked against HF only, and an architecture only
+SGLang implements; ATOM_DISABLE_SGLANG_PLUGIN=1 for the parity families. Their logs show which
+classes served.
 """
 
 import random
