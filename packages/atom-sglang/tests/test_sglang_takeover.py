@@ -26,3 +26,17 @@ def test_dynamic_rope_is_served_by_sglang_as_without_atom(tiny_model_dir):
     assert served["atom_model"] is None
     assert with_atom["attention_backend"] == alone["attention_backend"] != "atom"
     assert with_atom["phases"] == alone["phases"]
+
+
+def test_model_impl_transformers_is_served_by_sglang_as_without_atom(tiny_model_dir):
+    """``--model-impl transformers``: SGLang builds its Transformers backend, never ATOM's class; ATOM
+    leaves the attention default to SGLang too and says why."""
+    runs = [{"model": tiny_model_dir("Qwen3ForCausalLM"), "phases": [PROMPTS], "max_tokens": 12,
+             "engine_kwargs": {"model_impl": "transformers"}}]
+    [[with_atom], [alone]] = run_sglang((runs, {}), (runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
+    served = describe_served_model(with_atom["log"], with_atom)
+    assert served["architecture"] == "Qwen3ForCausalLM"
+    assert served["handed_back"] == "--model-impl transformers asks for SGLang's transformers implementation"
+    assert served["atom_model"] is None
+    assert with_atom["attention_backend"] == alone["attention_backend"] != "atom"
+    assert with_atom["phases"] == alone["phases"]

@@ -28,9 +28,10 @@ change would let us delete it.
    even import on CPU without ``sgl_kernel``'s CPU ops. Remove when SGLang lets a model choose the
    linear-attention backend of its hybrid wrapper.
 5. ``sglang.srt.model_loader.loader._initialize_model`` (AROUND). Why: for an architecture ATOM
-   registers no class of, SGLang's registry builds its own model and no code of ATOM's runs, so
-   nothing would say who serves it; this hook logs the one line that says so (as atom-vllm's platform
-   does). Remove when SGLang's plugins can see the model config of every model the scheduler builds.
+   registers no class of, or one ``--model-impl`` sends to another implementation, SGLang builds its
+   own model and no code of ATOM's runs, so nothing would say who serves it; this hook logs the one
+   line that says so (as atom-vllm's platform does). Remove when SGLang's plugins can see the model
+   config of every model the scheduler builds.
 
 Hooks only change behaviour when ATOM serves the model (or ``atom`` was chosen), so a process serving
 other models, or a configuration ATOM hands back, sees SGLang's own choices.
@@ -136,13 +137,15 @@ def hybrid_linear_attention_backend(original, runner, full_attn_backend):
 
 
 def report_host_model(original, model_config, *args, **kwargs):
-    from atom_core.hosting.takeover import report_not_implemented
+    from atom_core.hosting.takeover import TakeoverDecision, report_hand_back, report_not_implemented
     from atom_core.models import SUPPORTED_ARCHITECTURES
-    from atom_sglang.config_translation import architecture_of
+    from atom_sglang.config_translation import architecture_of, other_model_impl
 
     architecture = architecture_of(model_config)
     if architecture and architecture not in SUPPORTED_ARCHITECTURES:
         report_not_implemented("SGLang", architecture)
+    elif model_impl := other_model_impl(model_config):
+        report_hand_back(TakeoverDecision("SGLang", architecture, (model_impl,)))
     return original(model_config, *args, **kwargs)
 
 
