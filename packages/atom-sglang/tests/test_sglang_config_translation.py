@@ -31,7 +31,7 @@ def hf_config(**overrides):
 def model_config(hf, **fields):
     """What ATOM reads of SGLang's ModelConfig for a text model (its text config is the config)."""
     return SimpleNamespace(**{"model_path": "/models/tiny", "hf_config": hf, "hf_text_config": hf,
-                              "dtype": torch.float16, "context_len": 4096, **fields})
+                              "dtype": torch.float16, "context_len": 4096, "model_impl": "auto", **fields})
 
 
 # (ATOM field, expected value for model_config(hf_config()))

@@ -90,6 +90,8 @@ HAND_BACK_CELLS = {
                      {}, None, "rope type 'dynamic' is not supported"),
     "online quantization fp8": ("Qwen3ForCausalLM", {}, {"quantization": "fp8", **BF16}, None,
                                 "online quantization 'fp8' of an unquantized checkpoint is not supported"),
+    "model impl transformers": ("Qwen3ForCausalLM", {}, {"model_impl": "transformers"}, None,
+                                "--model-impl transformers asks for vLLM's transformers implementation"),
     "Quark FP8": ("Qwen3ForCausalLM", TINY_FP8_OVERRIDES["Qwen3ForCausalLM"], BF16, write_quark_fp8_checkpoint,
                   "quark global_quant_config.weight.dtype 'fp8_e4m3' is not supported (ATOM serves MXFP4: fp4 "
                   "per_group of 32 with e8m0 scales, static weights and dynamic activations)"),

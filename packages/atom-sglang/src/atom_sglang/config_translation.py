@@ -63,6 +63,7 @@ def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel
         speculative_method=server_args.speculative_algorithm,
         generates=not server_args.is_embedding,
         device=server_args.device,
+        model_impl=model_config.model_impl,
     )
 
 
@@ -110,22 +111,9 @@ def cpu_padded_heads(model: HostedModel) -> str | None:
             "them; ATOM's models take unpadded heads only")
 
 
-def other_model_impl(model_config: Any) -> str | None:
-    """Why ATOM's class is not asked, where ``--model-impl`` names another implementation than SGLang's
-    registry (``transformers``: SGLang's Transformers backend, ``mindspore``)."""
-    impl = getattr(model_config, "model_impl", "auto")
-    impl = getattr(impl, "value", impl)
-    if impl in ("auto", "sglang"):
-        return None
-    return f"--model-impl {impl} asks for SGLang's {impl} implementation"
-
-
 def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
     model = hosted_model_from_sglang(server_args, model_config)
     decision = decide_takeover(model)
-    model_impl = other_model_impl(model_config) if decision.atom_serves else None
-    if model_impl:
-        return dataclasses.replace(decision, reasons=(model_impl,))
     padded_heads = cpu_padded_heads(model) if decision.atom_serves else None
     if padded_heads:
         return dataclasses.replace(decision, reasons=(padded_heads,))

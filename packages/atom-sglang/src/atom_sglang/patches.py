@@ -137,15 +137,22 @@ def hybrid_linear_attention_backend(original, runner, full_attn_backend):
 
 
 def report_host_model(original, model_config, *args, **kwargs):
-    from atom_core.hosting.takeover import TakeoverDecision, report_hand_back, report_not_implemented
+    from sglang.srt.model_loader.utils import get_model_architecture
+
+    from atom_core.hosting.takeover import report_hand_back, report_not_implemented
     from atom_core.models import SUPPORTED_ARCHITECTURES
-    from atom_sglang.config_translation import architecture_of, other_model_impl
+    from atom_sglang.config_translation import architecture_of, takeover_decision
+    from atom_sglang.resolved_args import server_args_in_effect
 
     architecture = architecture_of(model_config)
     if architecture and architecture not in SUPPORTED_ARCHITECTURES:
         report_not_implemented("SGLang", architecture)
-    elif model_impl := other_model_impl(model_config):
-        report_hand_back(TakeoverDecision("SGLang", architecture, (model_impl,)))
+    elif architecture and not get_model_architecture(model_config)[0].__module__.startswith("atom_sglang."):
+        # SGLang builds another implementation (--model-impl), so ATOM's class, which logs hand-backs,
+        # is never asked.
+        decision = takeover_decision(server_args_in_effect(), model_config)
+        if not decision.atom_serves:
+            report_hand_back(decision)
     return original(model_config, *args, **kwargs)
 
 

@@ -43,6 +43,7 @@ def hosted_model_from_vllm(vllm_config: Any) -> HostedModel:
         speculative_method=vllm_config.speculative_config.method if vllm_config.speculative_config else None,
         generates=model_config.runner_type == "generate" and model_config.convert_type == "none",
         device=vllm_config.device_config.device_type,
+        model_impl=model_config.model_impl,
     )
 
 

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 from vllm.platforms import builtin_platform_plugins
 from vllm.utils.import_utils import resolve_obj_by_qualname
 
-from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES, enforce_strict, report_not_implemented
+from atom_core.hosting.takeover import (
+    FP8_KV_CACHE_DTYPES,
+    enforce_strict,
+    other_model_impl,
+    report_hand_back,
+    report_not_implemented,
+)
 from atom_core.log import logger
 from atom_core.models import SUPPORTED_ARCHITECTURES
 from atom_vllm import envs
@@ -182,3 +188,6 @@ class ATOMPlatform(_Base):
                         "the configuration", decision.architecture, language_model)
         elif decision.architecture and decision.architecture not in SUPPORTED_ARCHITECTURES:
             report_not_implemented("vLLM", decision.architecture)
+        elif other_model_impl("vLLM", model_config.model_impl):
+            # vLLM builds that implementation, so ATOM's wrapper, which logs hand-backs, is never asked.
+            report_hand_back(decision)

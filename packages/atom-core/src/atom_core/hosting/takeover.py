@@ -86,12 +86,27 @@ class HostedModel:
     expert_load_balancing: bool = False  # EPLB
     generates: bool = True  # False: the host runs it as an embedding / pooling model
     device: str = "cpu"  # the host's device type: "cpu", "cuda", ...
+    # The host's --model-impl: "auto" or the host's own name ("vllm", "sglang") build its registry's
+    # class, which is ATOM's; others ("transformers", ...) build that implementation instead.
+    model_impl: str = "auto"
 
 
 def _architecture(model: HostedModel) -> str | None:
     if model.architecture not in SUPPORTED_ARCHITECTURES:
         return f"ATOM has no implementation of {model.architecture}"
     return None
+
+
+def other_model_impl(host: str, model_impl: Any) -> str | None:
+    """The implementation a host's ``--model-impl`` asks for instead of its registry's class (which is
+    ATOM's), if it does: the host then builds that one, and no class of ATOM's sees the model."""
+    impl = getattr(model_impl, "value", model_impl)
+    return None if impl in ("auto", host.lower()) else impl
+
+
+def _model_impl(model: HostedModel) -> str | None:
+    impl = other_model_impl(model.host, model.model_impl)
+    return None if impl is None else f"--model-impl {impl} asks for {model.host}'s {impl} implementation"
 
 
 def _task(model: HostedModel) -> str | None:
@@ -294,7 +309,7 @@ def _rope(model: HostedModel) -> str | None:
 
 # The architecture comes first: the others read config keys only the supported families have.
 _CHECKS: tuple[Callable[[HostedModel], str | None], ...] = (
-    _architecture, _task, _quantization, _lora, _pipeline_parallel, _context_parallel, _data_parallel,
+    _architecture, _model_impl, _task, _quantization, _lora, _pipeline_parallel, _context_parallel, _data_parallel,
     _expert_load_balancing, _expert_split, _speculative, _hybrid_on_gpu, _slower_on_gpu, _kv_cache_dtype, _dtype, _rope,
 )
 
