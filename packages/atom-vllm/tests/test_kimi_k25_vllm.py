@@ -14,7 +14,7 @@ from test_vllm_parity import make_prompts, tokens_of
 from vllm.engine.arg_utils import EngineArgs
 from vllm_testing import hf_greedy, needs_torchvision, run_vllm
 
-from atom_core.testing.tiny_vision_language import build_tiny_kimi_k25_language_model
+from atom_core.testing.tiny_vision_language import KIMI_K25_INT4_QUANTIZATION, build_tiny_kimi_k25_language_model
 from atom_vllm.config_translation import takeover_decision
 
 pytestmark = [pytest.mark.vllm, needs_torchvision]
@@ -37,21 +37,8 @@ def test_language_model_served_by_atom_matches_hf(tiny_model_dir, tmp_path):
     assert tokens_of(result) == hf_greedy(text, phases[0] + phases[1], MAX_TOKENS)
 
 
-# Kimi-K2.5's text_config.quantization_config as published: int4 routed experts (compressed-tensors).
-KIMI_K25_INT4 = {
-    "config_groups": {"group_0": {"input_activations": None, "output_activations": None, "targets": ["Linear"],
-                                  "weights": {"actorder": None, "block_structure": None, "dynamic": False,
-                                              "group_size": 32, "num_bits": 4, "observer": "minmax",
-                                              "observer_kwargs": {}, "strategy": "group", "symmetric": True,
-                                              "type": "int"}}},
-    "format": "pack-quantized",
-    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-               "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"],
-    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"}
-
-
 @pytest.mark.parametrize("quantization, reasons", [
-    (None, ()), (KIMI_K25_INT4, ("compressed-tensors format 'pack-quantized' is not supported",))])
+    (None, ()), (KIMI_K25_INT4_QUANTIZATION, ("compressed-tensors format 'pack-quantized' is not supported",))])
 def test_language_model_decision_reads_the_text_config(quantization, reasons, tiny_model_dir, tmp_path):
     """The language model vLLM's class builds (hf_config: the text config, as
     ``init_vllm_registered_model`` passes it): ATOM serves bf16 and hands the int4 one back."""

@@ -41,13 +41,26 @@ def architecture_of(model_config: Any) -> str:
     return (getattr(model_config.hf_config, "architectures", None) or [""])[0]
 
 
+# SGLang's vision-language classes that build their language model themselves, as a text architecture
+# ATOM implements (no ``language_model_cls`` argument): ATOM's class of the VLM puts its model of that
+# architecture in (atom_sglang.vision_language), so the decision is that architecture's.
+LANGUAGE_MODEL_ARCHITECTURES = {"KimiK25ForConditionalGeneration": "DeepseekV3ForCausalLM"}
+
+
+def served_architecture(model_config: Any) -> str:
+    """The architecture ATOM's model would be built as: :func:`architecture_of`, or the language
+    model's for the VLMs of :data:`LANGUAGE_MODEL_ARCHITECTURES`."""
+    architecture = architecture_of(model_config)
+    return LANGUAGE_MODEL_ARCHITECTURES.get(architecture, architecture)
+
+
 def hosted_model_from_sglang(server_args: Any, model_config: Any) -> HostedModel:
     """What SGLang asks of the model, for the takeover decision (atom_core.hosting.takeover).
     ``model_config.quantization`` is the method SGLang resolved: the checkpoint's, or the one
     ``--quantization`` asked for."""
     return HostedModel(
         host="SGLang",
-        architecture=architecture_of(model_config),
+        architecture=served_architecture(model_config),
         hf_config=language_model_config(model_config.hf_config, model_config.hf_text_config),
         dtype=model_config.dtype,
         quantization=model_config.quantization,
@@ -168,11 +181,10 @@ def with_layer_types(hf_config: Any, architecture: str) -> Any:
 def atom_config_from_sglang(model_config: Any, hf_config: Any) -> Config:
     """``hf_config``: the config SGLang hands the model class (a vision-language model's text config
     where it builds the language model)."""
-    architecture = (getattr(model_config.hf_config, "architectures", None) or [""])[0]
     hf_config = language_model_config(model_config.hf_config, hf_config)
     return Config(
         model=model_config.model_path,
-        hf_config=with_layer_types(unpadded_hf_config(hf_config), architecture),
+        hf_config=with_layer_types(unpadded_hf_config(hf_config), served_architecture(model_config)),
         torch_dtype=model_config.dtype,
         max_model_len=model_config.context_len,
     )

@@ -141,10 +141,10 @@ def report_host_model(original, model_config, *args, **kwargs):
 
     from atom_core.hosting.takeover import report_hand_back, report_not_implemented
     from atom_core.models import SUPPORTED_ARCHITECTURES
-    from atom_sglang.config_translation import architecture_of, takeover_decision
+    from atom_sglang.config_translation import served_architecture, takeover_decision
     from atom_sglang.resolved_args import server_args_in_effect
 
-    architecture = architecture_of(model_config)
+    architecture = served_architecture(model_config)
     if architecture and architecture not in SUPPORTED_ARCHITECTURES:
         report_not_implemented("SGLang", architecture)
     elif architecture and not get_model_architecture(model_config)[0].__module__.startswith("atom_sglang."):

@@ -210,13 +210,30 @@ def hf_image_next_logits(dequantized: str, fp8: str, prompts: list[dict[str, str
     return logits
 
 
-def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str) -> str:
+# Kimi-K2.5's text_config.quantization_config as published: int4 routed experts (compressed-tensors).
+KIMI_K25_INT4_QUANTIZATION = {
+    "config_groups": {"group_0": {"input_activations": None, "output_activations": None, "targets": ["Linear"],
+                                  "weights": {"actorder": None, "block_structure": None, "dynamic": False,
+                                              "group_size": 32, "num_bits": 4, "observer": "minmax",
+                                              "observer_kwargs": {}, "strategy": "group", "symmetric": True,
+                                              "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+
+
+def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str, remote_code_processor: bool = False) -> str:
     """A tiny Kimi-K2.5 checkpoint with its language model only: ``text_dir``'s DeepSeek-V3
     checkpoint (atom_core.testing.tiny_models) under Kimi-K2.5's published names
-    (``language_model.*``, config ``text_config`` with Kimi-K2's ``topk_method: noaux_tc``), a tiny
-    vision config and the image processor settings vLLM's Kimi-K2.5 processor reads, but no vision
-    tower tensors: it serves text with the tower off (vLLM's ``limit_mm_per_prompt`` of 0 for every
-    modality). HF transformers' DeepSeek-V3 on ``text_dir`` is its reference."""
+    (``language_model.*``, config ``text_config`` with Kimi-K2's ``topk_method: noaux_tc`` and the
+    keys SGLang reads), a tiny vision config (the tower's sizes under both names the hosts read:
+    vLLM's tower and SGLang's tower read ``hidden_size`` and the like, SGLang's projector the
+    published ``vt_*`` ones) and the image processor settings the hosts' Kimi-K2.5 processors read,
+    but no vision tower tensors: it serves text with the tower off (vLLM's ``limit_mm_per_prompt``
+    of 0 for every modality). ``remote_code_processor``: the checkpoint's ``AutoProcessor`` is
+    atom_core.testing.kimi_k25_processor (SGLang's processor needs one; load it with
+    ``trust_remote_code``). HF transformers' DeepSeek-V3 on ``text_dir`` is its reference."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -224,23 +241,31 @@ def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(text_dir, "config.json")) as f:
         text_config = json.load(f)
-    text_config.pop("architectures")
-    text_config.update(topk_method="noaux_tc", scoring_func="sigmoid")
+    text_config.update(topk_method="noaux_tc", scoring_func="sigmoid", moe_layer_freq=1)
+    tower = {"hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 48}
     config = {
         "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
         "text_config": text_config, "media_placeholder_token_id": VOCAB_SIZE - 1, "pad_token_id": 0,
         "tie_word_embeddings": False,
-        "vision_config": {"patch_size": 14, "num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 32,
-                          "intermediate_size": 48, "init_pos_emb_height": 8, "init_pos_emb_width": 8},
+        "vision_config": {"patch_size": 14, "init_pos_emb_height": 8, "init_pos_emb_width": 8,
+                          "merge_kernel_size": [2, 2], "mm_hidden_size": tower["hidden_size"],
+                          "text_hidden_size": text_config["hidden_size"], **tower,
+                          **{f"vt_{key}": value for key, value in tower.items()}},
     }
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f)
+    preprocessor = {"image_processor_type": "Kimi_K25ImageProcessor", "media_proc_cfg": {
+        "patch_size": 14, "merge_kernel_size": [2, 2], "temporal_merge_kernel_size": 4,
+        "in_patch_limit": 256, "in_patch_limit_each_frame": 256, "in_patch_limit_video": 256,
+        "patch_limit_on_one_side": 16, "fixed_output_tokens": None,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}}
+    if remote_code_processor:
+        from atom_core.testing import kimi_k25_processor
+
+        shutil.copy(kimi_k25_processor.__file__, out_dir)
+        preprocessor["auto_map"] = {"AutoProcessor": "kimi_k25_processor.TinyKimiK25Processor"}
     with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
-        json.dump({"image_processor_type": "Kimi_K25ImageProcessor", "media_proc_cfg": {
-            "patch_size": 14, "merge_kernel_size": [2, 2], "temporal_merge_kernel_size": 4,
-            "in_patch_limit": 256, "in_patch_limit_each_frame": 256, "in_patch_limit_video": 256,
-            "patch_limit_on_one_side": 16, "fixed_output_tokens": None,
-            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}}, f)
+        json.dump(preprocessor, f)
     tensors = load_file(os.path.join(text_dir, "model.safetensors"))
     save_file({f"language_model.{name}": t for name, t in tensors.items()},
               os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
