@@ -97,7 +97,8 @@ def plain_server_args() -> SimpleNamespace:
     return SimpleNamespace(enable_lora=False, lora_paths=None, tp_size=1, pp_size=1, kv_cache_dtype="auto",
                            is_embedding=False, device="cpu", enable_dp_attention=False, ep_size=1, enable_eplb=False,
                            dcp_size=1, attn_cp_size=1, speculative_algorithm=None, disable_radix_cache=False,
-                           mamba_radix_cache_strategy="auto", disable_overlap_schedule=False, page_size=None)
+                           mamba_radix_cache_strategy="auto", disable_overlap_schedule=False, page_size=None,
+                           encoder_only=False)
 
 
 @pytest.mark.parametrize("settings, reasons, notes", [

@@ -110,6 +110,9 @@ def keeps_state_checkpoints(server_args: Any) -> bool:
 # attention backend for init_cpu_graph_state: SGLang's intel_amx backend has it, ATOM's has not.
 CPU_GRAPHS_REASON = "SGLang's CPU graphs (--enable-torch-compile on CPU) are not supported"
 
+# The vision half of SGLang's encoder/language split builds no language model, the part ATOM serves.
+ENCODER_ONLY_REASON = "SGLang's encoder-only server (--encoder-only) runs no language model"
+
 
 def cpu_padded_heads(model: HostedModel) -> str | None:
     """Why SGLang pads this model's attention heads, where it does: on CPU, for a TP size that does not
@@ -132,6 +135,8 @@ def takeover_decision(server_args: Any, model_config: Any) -> TakeoverDecision:
         return dataclasses.replace(decision, reasons=(padded_heads,))
     if decision.atom_serves and model.device == "cpu" and getattr(server_args, "enable_torch_compile", False):
         return dataclasses.replace(decision, reasons=(CPU_GRAPHS_REASON,))
+    if decision.atom_serves and server_args.encoder_only:
+        return dataclasses.replace(decision, reasons=(ENCODER_ONLY_REASON,))
     recurrent_state = decision.atom_serves and SUPPORTED_ARCHITECTURES[model.architecture].recurrent_state
     if recurrent_state and keeps_state_checkpoints(server_args):
         return dataclasses.replace(decision, reasons=(STATE_CHECKPOINTS_REASON,))
