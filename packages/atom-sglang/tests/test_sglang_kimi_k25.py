@@ -1,10 +1,8 @@
-"""Kimi-K2.5 (``KimiK25ForConditionalGeneration``) through the real SGLang engine (CPU): SGLang's class
-with its vision tower and projector, ATOM's DeepSeek-V3 as its language model
-(atom_sglang.vision_language). Greedy tokens equal HF transformers' DeepSeek-V3 on the same
-language-model weights (fp32, tiny random checkpoint; text only: it has no vision tower tensors),
-with radix-cache hits. SGLang alone runs no tiny MLA model on CPU (its torch_native extend takes the
-value head size for the query's), so HF is the reference, as for DeepSeek-V3 in test_sglang_parity.
-The checkpoint's processor is atom_core.testing.kimi_k25_processor, remote code as published.
+"""Kimi-K2.5 through the real SGLang engine (CPU): SGLang's class (tower, projector) with ATOM's
+DeepSeek-V3 as its language model. Greedy tokens equal HF's DeepSeek-V3 on the same weights (fp32, tiny
+random checkpoint, text only: no tower tensors), with radix-cache hits. SGLang alone runs no tiny MLA
+model on CPU (its torch_native extend takes the value head size for the query's): HF is the reference,
+as for DeepSeek-V3 in test_sglang_parity. The processor is atom_core.testing.kimi_k25_processor.
 """
 
 import json
