@@ -10,22 +10,32 @@
 # step's report is rewritten after every model, so a time-limited machine keeps what finished.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"offline kv-fp8-offline gpt-oss-offline mla-offline mla-kv-fp8-offline hybrid-offline profile serving gpu-tests"}
+steps=${*:-"offline kv-fp8-offline gpt-oss-offline mla-offline mla-checkpoint-offline mla-kv-fp8-offline hybrid-offline profile serving gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export HF_HUB_OFFLINE=1 ATOM_LOG_TRITON_COMPILES=1
 # sglang_run.py on each MODEL alone and with ATOM into OUT_DIR/RUNS, then bench_offline.py's REPORT
 # from the runs so far. KV: both engines' kv_cache_dtype; EXTRA: more sglang_run.py arguments for both.
+# RANDOM_CHECKPOINT=1: each model's weights are a random checkpoint (random_checkpoint.py), written
+# before its runs and removed after them, not the engines' dummy weights.
 offline_pairs() {  # RUNS REPORT KV MODEL...
-  local runs=$out/$1 report=$out/$2 kv=$3 done=() model mode flag; shift 3
+  local runs=$out/$1 report=$out/$2 kv=$3 done=() model mode flag source ckpt; shift 3
   mkdir -p "$runs"
   for model in "$@"; do
+    source="--config $here/models/$model.json" ckpt=
+    if [ -n "${RANDOM_CHECKPOINT:-}" ]; then
+      ckpt=$(mktemp -d)
+      python3 "$here/e2e/random_checkpoint.py" --config "$here/models/$model.json" --out "$ckpt/$model" \
+        > "$runs/checkpoint-$model.log" 2>&1 || echo "$model checkpoint rc=$?"
+      source="--checkpoint $ckpt/$model"
+    fi
     for mode in native atom; do
       [ $mode = native ] && flag=1 || flag=
       ATOM_DISABLE_SGLANG_PLUGIN=$flag timeout "${ENGINE_TIMEOUT:-600}" python3 "$here/e2e/sglang_run.py" \
-        --config "$here/models/$model.json" --kv-cache-dtype "$kv" ${EXTRA:-} \
+        $source --kv-cache-dtype "$kv" ${EXTRA:-} \
         --out "$runs/run-$model-$mode.json" > "$runs/run-$model-$mode.json.log" 2>&1
       echo "$model $mode rc=$? $(date +%T)"
     done
+    [ -n "$ckpt" ] && rm -rf "$ckpt"
     done+=("$model")
     python3 "$here/e2e/bench_offline.py" --engine sglang --runs-dir "$runs" --kv-cache-dtype "$kv" \
       --out "$report" "${done[@]}" > "$runs/report.log" 2>&1 || tail -3 "$runs/report.log"
@@ -43,6 +53,9 @@ for step in $steps; do
                        gpt-oss-20b ;;
     # ATOM's MLA models on SGLang's MLA attention (its fa3 on Hopper); MLA_MODELS narrows the list.
     mla-offline) offline_pairs mla-runs offline-sglang-mla.json auto ${MLA_MODELS:-deepseek-v2-lite moonlight-16b-a3b} ;;
+    # The same on random checkpoints: dummy weights route MoE tokens unlike a real model's.
+    mla-checkpoint-offline) RANDOM_CHECKPOINT=1 offline_pairs mla-checkpoint-runs offline-sglang-mla-checkpoint.json \
+                              auto ${MLA_MODELS:-deepseek-v2-lite moonlight-16b-a3b} ;;
     mla-kv-fp8-offline) offline_pairs mla-kv-fp8-runs offline-sglang-mla-kv-fp8.json fp8_e4m3 deepseek-v2-lite ;;
     # Qwen3-Next and Qwen3.5 (on GPUs the host serves hybrids unless asked), both engines with the state
     # cache ATOM's Gated DeltaNet layers keep (atom_sglang.config_translation.STATE_CHECKPOINTS_REASON).

@@ -68,7 +68,11 @@ def checkpoint_layout(config: dict) -> dict[str, torch.Tensor]:
     model_class = AutoModelForImageTextToText if "text_config" in config else AutoModelForCausalLM
     with torch.device("meta"):
         model = model_class.from_config(hf_config, dtype=torch.bfloat16)
-    return revert_weight_conversion(model, remove_tied_weights_from_state_dict(model.state_dict(), model))
+    state = model.state_dict()
+    # Persistent buffers (DeepSeek-V3's e_score_correction_bias in transformers 5.12, SGLang's) are
+    # checkpoint tensors but not parameters, which 5.12's tied-weight pass takes every entry to be.
+    buffers = {name: state.pop(name) for name, _ in model.named_buffers() if name in state}
+    return revert_weight_conversion(model, {**remove_tied_weights_from_state_dict(state, model), **buffers})
 
 
 def random_tensor(name: str, meta: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
