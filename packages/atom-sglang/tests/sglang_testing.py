@@ -99,3 +99,15 @@ class ResolvedWith:
 
     def __getattr__(self, name: str):
         return self.overrides[name] if name in self.overrides else getattr(self.server_args, name)
+
+
+def decision_for(model_path: str, **server_args):
+    """ATOM's takeover decision for ``model_path`` from SGLang's own resolved ``ServerArgs`` (CPU,
+    ``server_args`` on top) and ``ModelConfig``: no engine start."""
+    from sglang.srt.server_args import ServerArgs
+
+    from atom_sglang.config_translation import takeover_decision
+    from atom_sglang.resolved_args import in_effect, model_config_of
+
+    resolved = in_effect(ServerArgs(model_path=model_path, device="cpu", **server_args))
+    return takeover_decision(resolved, model_config_of(resolved))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang_testing import ResolvedWith
+from sglang_testing import ResolvedWith, decision_for
 from transformers import Qwen3Config
 
 from atom_core.config import CompilationLevel
@@ -114,10 +114,7 @@ def test_parallel_layouts_read_from_server_args(tiny_model_dir, settings, reason
     """SGLang's parallel settings, read from its own resolved ServerArgs (no engine start): expert
     parallelism is served with its note, data-parallel attention, EPLB and context parallelism are
     handed back; so is speculative decoding (SGLang's n-gram verifies a token tree with its own mask)."""
-    from sglang.srt.server_args import ServerArgs
-
-    server_args = in_effect(ServerArgs(model_path=tiny_model_dir("Qwen3MoeForCausalLM"), device="cpu", **settings))
-    decision = takeover_decision(server_args, model_config_of(server_args))
+    decision = decision_for(tiny_model_dir("Qwen3MoeForCausalLM"), **settings)
     assert (decision.reasons, decision.notes) == (reasons, notes)
 
 
@@ -126,11 +123,7 @@ def test_cpu_graphs_are_handed_back(tiny_model_dir, enable_torch_compile):
     """On CPU, ``--enable-torch-compile`` makes SGLang capture CPU graphs, which need the attention
     backend's ``init_cpu_graph_state`` (ATOM's backend has none: the engine stopped at start-up with an
     AttributeError naming it), so SGLang serves the model with its own backend."""
-    from sglang.srt.server_args import ServerArgs
-
-    server_args = in_effect(ServerArgs(model_path=tiny_model_dir("Qwen3ForCausalLM"), device="cpu",
-                                       enable_torch_compile=enable_torch_compile))
-    decision = takeover_decision(server_args, model_config_of(server_args))
+    decision = decision_for(tiny_model_dir("Qwen3ForCausalLM"), enable_torch_compile=enable_torch_compile)
     assert decision.reasons == ((CPU_GRAPHS_REASON,) if enable_torch_compile else ())
     assert decision.atom_serves is not enable_torch_compile
 
@@ -215,10 +208,7 @@ def test_published_configs_decided_from_sglang_model_config(name, tmp_path):
     """Each published checkpoint's config files through SGLang's own ModelConfig (no weights): ATOM
     serves it, or hands it back with its reason. ModelOpt checkpoints keep their quantization in
     hf_quant_config.json, which SGLang reads and ATOM must not mistake for an unquantized checkpoint."""
-    from sglang.srt.server_args import ServerArgs
-
     for file_name, content in PUBLISHED[name].items():
         (tmp_path / file_name).write_text(json.dumps(content))
-    server_args = in_effect(ServerArgs(model_path=str(tmp_path), device="cpu", skip_tokenizer_init=True))
     reason = PUBLISHED_HANDED_BACK.get(name)
-    assert takeover_decision(server_args, model_config_of(server_args)).reasons == (() if reason is None else (reason,))
+    assert decision_for(str(tmp_path), skip_tokenizer_init=True).reasons == (() if reason is None else (reason,))

@@ -9,12 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from sglang_testing import run_sglang
+from sglang_testing import decision_for, run_sglang
 
 from atom_core.testing.reference import hf_greedy
 from atom_core.testing.tiny_vision_language import KIMI_K25_INT4_QUANTIZATION, build_tiny_kimi_k25_language_model
-from atom_sglang.config_translation import ENCODER_ONLY_REASON, takeover_decision
-from atom_sglang.resolved_args import in_effect, model_config_of
+from atom_sglang.config_translation import ENCODER_ONLY_REASON
 from atom_sglang.served_by import describe_served_model
 
 pytestmark = pytest.mark.sglang
@@ -61,19 +60,14 @@ def test_decision_is_the_language_models(quantization, reasons, text_model, tmp_
     would build (DeepSeek-V3, its text config): ATOM serves the unquantized one and hands the
     published int4 one back."""
     model = kimi_model(text_model, tmp_path / "kimi-k25", quantization)
-    decision = decision_of(model)
+    decision = decision_for(model, skip_tokenizer_init=True)
     assert (decision.architecture, decision.reasons) == ("DeepseekV3ForCausalLM", reasons)
 
 
 def test_encoder_only_server_is_handed_back(text_model, tmp_path):
     """The vision half of SGLang's encoder/language split (``--encoder-only``) builds no language
     model; ATOM's class would build one (all of Kimi-K2.5's weights on the encoder's GPUs)."""
-    decision = decision_of(kimi_model(text_model, tmp_path / "kimi-k25"), encoder_only=True)
+    decision = decision_for(kimi_model(text_model, tmp_path / "kimi-k25"), skip_tokenizer_init=True,
+                            encoder_only=True)
     assert decision.reasons == (ENCODER_ONLY_REASON,)
 
-
-def decision_of(model: str, **server_args):
-    from sglang.srt.server_args import ServerArgs
-
-    resolved = in_effect(ServerArgs(model_path=model, device="cpu", skip_tokenizer_init=True, **server_args))
-    return takeover_decision(resolved, model_config_of(resolved))
