@@ -34,6 +34,7 @@ packages/atom-kernels/src/atom_kernels/tuned/ to ship them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -676,6 +677,16 @@ def vllm_fused_experts(s: MoeShape) -> tuple[float | None, torch.Tensor | None, 
         return None, None, f"{type(error).__name__}: {str(error)[:200]}"
 
 
+def vllm_config_context() -> contextlib.AbstractContextManager:
+    """vLLM's kernels read its current config; without vLLM (SGLang's environment) the comparisons
+    run without their vLLM rows (``vllm_unavailable``)."""
+    try:
+        from vllm.config import VllmConfig, set_current_vllm_config
+    except ImportError:
+        return contextlib.nullcontext()
+    return set_current_vllm_config(VllmConfig())
+
+
 def compare_ops(report: dict, ops: list[str]) -> None:
     """The whole ops with the built-in defaults, the packaged tables, the new tables, and vLLM's kernel."""
     import atom_kernels as ak
@@ -851,9 +862,7 @@ def main() -> None:
     if "attention" in ops:
         write_table(args.out_dir / "attention.json", device, tune_attention(report))
     report["tuning_s"] = time.time() - began
-    from vllm.config import VllmConfig, set_current_vllm_config
-
-    with set_current_vllm_config(VllmConfig()):
+    with vllm_config_context():
         compare_ops(report, ops)
     keep_packaged_where_slower(report)
     report["total_s"] = time.time() - began
