@@ -57,8 +57,8 @@ MOE_MODELS = {  # experts, top_k, hidden, intermediate (as in bench_kernels.MODE
     "deepseek-v2-lite": (64, 6, 2048, 1408),
     "deepseek-v3": (256, 8, 7168, 2048),  # TP 1: 21 GiB of bf16 experts on the GPU
     "qwen3-next-80b-a3b": (512, 10, 2048, 512),
-    # bf16 gpt-oss (its clamped SwiGLU and biases leave the GEMM tiles' cost as here): no table yet,
-    # and on SGLang it ran at 0.82x SGLang alone (docs/performance.md, "SGLang on an H200")
+    # bf16 gpt-oss (its clamped SwiGLU and biases leave the GEMM tiles' cost as here): an H100 table,
+    # none for the H200 yet (docs/performance.md, "SGLang on an H200")
     "gpt-oss-20b": (32, 4, 2880, 2880),
 }
 MOE_TOKENS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]

@@ -5,7 +5,7 @@ its two launches. One JSON line a row; PYTHONPATH picks the tree.
 
     PYTHONPATH=packages/atom-kernels/src:benchmarks/kernels python benchmarks/kernels/experiments/state_pass_forms.py TAG
 
-Data: gated-delta-h200.json[2026-12-02-state-pass-forms]."""
+Data: gated-delta-h200.json.gz[2026-12-02-state-pass-forms]."""
 
 import json
 import sys

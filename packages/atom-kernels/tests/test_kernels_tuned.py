@@ -46,12 +46,13 @@ def test_packaged_moe_tables_are_complete_for_the_benchmark_shapes():
                 assert set(config[gemm]) - OPTIONAL_TILE_FIELDS == MOE_TILE_FIELDS, (size, gemm)
 
 
-def test_packaged_h100_moe_table_holds_the_block_fp8_and_qwen3_moe_shapes():
-    """The H100 run (benchmarks/kernels/tune-report-h100.json): block-FP8 Qwen3-30B-A3B and
-    DeepSeek-V3 experts, bf16 Qwen3-30B-A3B; tiled configs whose K step fits the FP8 scale block."""
+def test_packaged_h100_moe_table_holds_the_block_fp8_qwen3_and_gpt_oss_moe_shapes():
+    """The H100 runs (benchmarks/kernels/tune-report-h100.json): block-FP8 Qwen3-30B-A3B and
+    DeepSeek-V3 experts, bf16 Qwen3-30B-A3B and gpt-oss-20b; tiled configs whose K step fits the FP8
+    scale block."""
     table = packaged("fused_moe")["NVIDIA H100 80GB HBM3"]
     shapes = [((128, 2048, 768, 8), torch.float8_e4m3fn), ((256, 7168, 2048, 8), torch.float8_e4m3fn),
-              ((128, 2048, 768, 8), torch.bfloat16)]
+              ((128, 2048, 768, 8), torch.bfloat16), ((32, 2880, 2880, 4), torch.bfloat16)]
     assert set(table) == {moe_shape_key(*dims, dtype) for dims, dtype in shapes}
     for key, by_size in table.items():
         assert {int(size) for size in by_size} >= {1, 4096}, key

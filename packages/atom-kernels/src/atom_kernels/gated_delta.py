@@ -39,25 +39,25 @@ L2NORM_EPS = tl.constexpr(1e-6)
 CHUNK_SIZE = 64
 # Launch settings (bench_gated_delta.py sweeps them). The state pass pipelines its chunk loop in two
 # stages: 479 / 729 us (one stage: 530 / 828) at 16 x 1024 / 2 x 8192 tokens on an H200, 16-bit
-# dots (gated-delta-h200.json[2026-12-02-0c65880-sweep]). The prepare kernel takes one chunk.
+# dots (gated-delta-h200.json.gz[2026-12-02-0c65880-sweep]). The prepare kernel takes one chunk.
 PREPARE_WARPS = 4
 STATE_BLOCK_V = 64
 STATE_WARPS = 4
 STATE_STAGES = 2
 # w and u between the launches in the activations' 16-bit type, as FLA keeps them: 2.02 against 2.20 ms
-# in fp32 at 16 x 1024 tokens, level at 2 x 8192 (gated-delta-h200.json[cf4c7d6]).
+# in fp32 at 16 x 1024 tokens, level at 2 x 8192 (gated-delta-h200.json.gz[cf4c7d6]).
 WU_16BIT = True
 # The inverse's dots for 16-bit activations on NVIDIA GPUs: one TF32 pass, 0.99 ms a layer against 2.52
-# for tf32x3, w / u within 3.3e-4 of IEEE's (tf32x3: 8.1e-5; gated-delta-h200.json[fc29ad0]). fp32
+# for tf32x3, w / u within 3.3e-4 of IEEE's (tf32x3: 8.1e-5; gated-delta-h200.json.gz[fc29ad0]). fp32
 # activations keep tf32x3.
 INVERSE_PRECISION_NVIDIA = "tf32"
 # Rows of the inverse's forward-substitution blocks: 4 and two merges (12 dots a chunk) or 16 and one
 # (20). 4 took the prepare launch from 936-941 to 807-810 us, w / u as far from IEEE
-# (gated-delta-h200.json[2026-12-02-c7c648b-sweep], [2026-12-02-inverse-emulation]).
+# (gated-delta-h200.json.gz[2026-12-02-c7c648b-sweep], [2026-12-02-inverse-emulation]).
 INVERSE_SUB = 4
 # The state pass's dots on 16-bit operands (fp32 sums), as FLA has them, not TF32, where BLOCK_V >= 64
 # (at 32 with K 128 sm90 gave wrong values): 529 / 822 us against 1191 / 1390 on an H200, about as
-# close to the fp32 reference (gated-delta-h200.json[2026-12-02-state-pass-forms]).
+# close to the fp32 reference (gated-delta-h200.json.gz[2026-12-02-state-pass-forms]).
 STATE_DOT_16BIT = True
 # The prepare launch's dots likewise, where BLOCK_V >= 64: 768 -> 424 us (H200), w / u 5.8e-3 from
 # IEEE's, TF32 3.0e-3 (the 0c65880 sweep).

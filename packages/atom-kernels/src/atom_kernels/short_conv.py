@@ -341,7 +341,7 @@ def _causal_conv1d_decode_kernel(
 # registers, on the H200 per Qwen3-Next layer of 16k tokens (2026-12-02, 1024 channels): the output
 # kernel 213-222 us at 64-256 tokens per program, the whole op 223-227 us at 128, 2.1-2.3x less than
 # with the 32 x 128 tiles reading each input once per tap (464-528 us; a copy of the input: 137 us;
-# benchmarks/results/gated-delta-h200.json[2026-12-02-conv-rows]). In the sweep (20 settings) 512
+# benchmarks/results/gated-delta-h200.json.gz[2026-12-02-conv-rows]). In the sweep (20 settings) 512
 # channels on 4 warps took 205-206 us against 233 at 1024 (256 tokens a program 203-204;
 # [2026-12-02-c7c648b-sweep]).
 PREFILL_BLOCK_T = 128

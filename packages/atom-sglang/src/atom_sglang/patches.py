@@ -72,7 +72,7 @@ def atom_serves_attention(server_args: Any, model_config: Any, use_mla_backend: 
 # SGLang defaults that serve ATOM's MHA/GQA models faster than ATOM's backend, so they stay the default:
 # FlashAttention-3 (Hopper) took 1214 ms of attention in a Qwen3-30B-A3B-FP8 workload pass on an H200
 # where `atom` took 1472, 5735 against 5464 out tok/s, tokens identical
-# (benchmarks/results/offline-sglang-h200.json[2026-12-04-e7da6d3-fa3]).
+# (benchmarks/results/offline-sglang-h200.json.gz[2026-12-04-e7da6d3-fa3]).
 FASTER_HOST_DEFAULTS = frozenset({"fa3"})
 
 
