@@ -21,10 +21,11 @@
 
 Every timing is a CUDA-graph replay (median of a few). Candidates compile first, in ``--jobs``
 processes, into the shared Triton cache. Then the whole ops run with the new tables, next to the
-built-in defaults, the packaged tables and vLLM's kernel (fused_experts, with its block-FP8 W8A8 path
-for ``moe_fp8``, and on the dequantized bf16 weights for ``moe_mxfp4``: vLLM's MXFP4 MoE needs its own
-weight layout; FlashAttention 3), and their outputs are compared (MoE: also with ATOM's torch reference); a MoE entry
-whose whole op ran over 2 % slower than with the packaged one is put back (``kept_packaged``).
+built-in defaults, the packaged tables and, where vLLM is installed, its kernel (fused_experts, with its
+block-FP8 W8A8 path for ``moe_fp8``, and on the dequantized bf16 weights for ``moe_mxfp4``: vLLM's MXFP4
+MoE needs its own weight layout; FlashAttention 3), and their outputs are compared (MoE: also with ATOM's
+torch reference); a MoE entry whose whole op ran over 2 % slower than with the packaged one is put back
+(``kept_packaged``).
 Writes DIR/fused_moe.json and DIR/attention.json and DIR/tune-report.json. A table keeps the shapes
 and GPUs it had (a new one starts from the packaged table), so a run of some ops drops no entry of
 the others. Point ``ATOM_TUNED_CONFIG_DIR`` at DIR to use the tables at once; copy them into
