@@ -275,7 +275,9 @@ def _hybrid_on_gpu(model: HostedModel) -> str | None:
 # ATOM_SERVE_WHERE_SLOWER=1.
 SLOWER_ON_GPU = {
     ("SGLang", "GptOssForCausalLM"): ("0.82x SGLang alone's throughput on an H200, bf16 "
-                                      "(benchmarks/results/offline-sglang-h200.json.gz[cf4c7d6])"),
+                                      "(benchmarks/results/offline-sglang-h200.json.gz[cf4c7d6]); 0.98x on "
+                                      "an H100 with its MoE tile table (offline-sglang-h100.json.gz"
+                                      "[2026-12-05-13697dc-gpt-oss-tuned-tiles])"),
 }
 
 
