@@ -10,7 +10,7 @@
 # step's report is rewritten after every model, so a time-limited machine keeps what finished.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"offline kv-fp8-offline gpt-oss-offline mla-offline mla-checkpoint-offline mla-kv-fp8-offline hybrid-offline profile serving gpu-tests"}
+steps=${*:-"offline kv-fp8-offline gpt-oss-offline gpt-oss-tuned-offline mla-offline mla-checkpoint-offline mla-kv-fp8-offline hybrid-offline profile serving gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export HF_HUB_OFFLINE=1 ATOM_LOG_TRITON_COMPILES=1
 # sglang_run.py on each MODEL alone and with ATOM into OUT_DIR/RUNS, then bench_offline.py's REPORT
@@ -51,6 +51,12 @@ for step in $steps; do
     # On GPUs SGLang serves gpt-oss itself unless asked (atom_core.hosting.takeover.SLOWER_ON_GPU).
     gpt-oss-offline) ATOM_SERVE_WHERE_SLOWER=1 offline_pairs gpt-oss-runs offline-sglang-gpt-oss.json auto \
                        gpt-oss-20b ;;
+    # gpt-oss-20b's bf16 MoE tiles tuned on this GPU (no vLLM rows in SGLang's environment), then the pair
+    # on them; OUT_DIR/tuned/fused_moe.json is the table to ship (atom_kernels/tuned/README.md).
+    gpt-oss-tuned-offline) python3 "$here/kernels/tune_kernels.py" --ops moe --models gpt-oss-20b \
+                             --out-dir "$out/tuned" > "$out/tune-gpt-oss.log" 2>&1 || tail -3 "$out/tune-gpt-oss.log"
+                           ATOM_SERVE_WHERE_SLOWER=1 ATOM_TUNED_CONFIG_DIR=$out/tuned offline_pairs gpt-oss-tuned-runs \
+                             offline-sglang-gpt-oss-tuned.json auto gpt-oss-20b ;;
     # ATOM's MLA models on SGLang's MLA attention (its fa3 on Hopper); MLA_MODELS narrows the list.
     mla-offline) offline_pairs mla-runs offline-sglang-mla.json auto ${MLA_MODELS:-deepseek-v2-lite moonlight-16b-a3b} ;;
     # The same on random checkpoints: dummy weights route MoE tokens unlike a real model's.
