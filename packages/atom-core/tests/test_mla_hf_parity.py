@@ -14,12 +14,15 @@ VARIANTS = [
     ("DeepseekV3ForCausalLM", {"rope_interleave": False}),
     # Kimi-K2 / Moonlight route over a single group.
     ("DeepseekV3ForCausalLM", {"n_group": 1, "topk_group": 1}),
+    # Moonlight-16B-A3B's combination: no q LoRA, one group, two shared experts, plain rope.
+    ("DeepseekV3ForCausalLM", {"q_lora_rank": None, "n_group": 1, "topk_group": 1, "n_shared_experts": 2,
+                               "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
 ]
 
 
 @pytest.mark.parametrize(
     "architecture, overrides", VARIANTS,
-    ids=["v2-q-lora", "v2-greedy", "v3-no-q-lora", "v3-neox-rope", "v3-one-group"],
+    ids=["v2-q-lora", "v2-greedy", "v3-no-q-lora", "v3-neox-rope", "v3-one-group", "moonlight"],
 )
 def test_mla_logits_match_hf(tiny_model_dir, architecture, overrides):
     assert_logits_match_hf(tiny_model_dir(architecture, **overrides))
