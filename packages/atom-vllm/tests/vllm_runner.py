@@ -2,12 +2,13 @@
 
 Separate processes because vLLM reads plugins and ATOM_* switches once per process. Used by the
 parity tests: ``python vllm_runner.py '<json spec>'`` where the spec has ``model``, ``phases`` (lists
-of prompts, each a list of token ids or ``{"text": ..., "image": <image file>}``; each phase is one
-``generate`` call, so later phases can hit the prefix cache filled by earlier ones), ``max_tokens``
-and optional ``llm_kwargs``; ``prompt_embeds: true`` sends
-each prompt as the rows of the checkpoint's embedding table for its ids, ``prompt_logprobs: true``
-returns the log-probability of every prompt token after the first (a list of booleans: in those
-phases only; vLLM reads no prefix cache for a request that asks for them).
+of prompts, each a list of token ids, ``{"text": ..., "image": <image file>}`` or, for Kimi-K2.5's
+``vision_chunk`` modality, ``{"ids": ..., "image": ...}``; each phase is one ``generate`` call, so
+later phases can hit the prefix cache filled by earlier ones), ``max_tokens`` and optional
+``llm_kwargs``; ``prompt_embeds: true`` sends each prompt as the rows of the checkpoint's embedding
+table for its ids, ``prompt_logprobs: true`` returns the log-probability of every prompt token after
+the first (a list of booleans: in those phases only; vLLM reads no prefix cache for a request that
+asks for them).
 """
 
 import json
@@ -27,7 +28,11 @@ def token_prompt(prompt: list[int] | dict) -> dict:
         return {"prompt_token_ids": prompt}
     from PIL import Image
 
-    return {"prompt": prompt["text"], "multi_modal_data": {"image": Image.open(prompt["image"]).convert("RGB")}}
+    image = Image.open(prompt["image"]).convert("RGB")
+    if "ids" in prompt:
+        chunk = {"type": "image", "image": image}
+        return {"prompt_token_ids": prompt["ids"], "multi_modal_data": {"vision_chunk": chunk}}
+    return {"prompt": prompt["text"], "multi_modal_data": {"image": image}}
 
 
 def embedded_prompt(model_dir: str):

@@ -230,8 +230,9 @@ def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str, remote_code_
     keys SGLang reads), a tiny vision config (the tower's sizes under both names the hosts read:
     vLLM's tower and SGLang's tower read ``hidden_size`` and the like, SGLang's projector the
     published ``vt_*`` ones) and the image processor settings the hosts' Kimi-K2.5 processors read,
-    but no vision tower tensors: it serves text with the tower off (vLLM's ``limit_mm_per_prompt``
-    of 0 for every modality). ``remote_code_processor``: the checkpoint's ``AutoProcessor`` is
+    but no vision tower tensors (:func:`add_tiny_kimi_k25_vision_tower` adds them): it serves text
+    with the tower off (vLLM's ``limit_mm_per_prompt`` of 0 for every modality).
+    ``remote_code_processor``: the checkpoint's ``AutoProcessor`` is
     atom_core.testing.kimi_k25_processor (SGLang's processor needs one; load it with
     ``trust_remote_code``). HF transformers' DeepSeek-V3 on ``text_dir`` is its reference."""
     import shutil
@@ -273,3 +274,39 @@ def build_tiny_kimi_k25_language_model(out_dir: str, text_dir: str, remote_code_
         if name.startswith("tokenizer") or name in ("chat_template.jinja", "generation_config.json"):
             shutil.copy(os.path.join(text_dir, name), out_dir)
     return out_dir
+
+
+def add_tiny_kimi_k25_vision_tower(model_dir: str, std: float = 0.1, seed: int = 0) -> None:
+    """Random tensors of Kimi-K2.5's vision tower (MoonViT) and projector in
+    :func:`build_tiny_kimi_k25_language_model`'s checkpoint, beside its language model, under the
+    names vLLM 0.26 reads the published checkpoint by (a fused ``wqkv`` per block; the projector's
+    ``proj.0`` / ``proj.2``, which it maps to its own): the host's tower then runs images."""
+    from safetensors.torch import load_file, save_file
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    vision, text_hidden = config["vision_config"], config["text_config"]["hidden_size"]
+    hidden, inter, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
+    merged = hidden * vision["merge_kernel_size"][0] * vision["merge_kernel_size"][1]
+    shapes = {
+        "vision_tower.patch_embed.proj.weight": (hidden, 3, patch, patch),
+        "vision_tower.patch_embed.proj.bias": (hidden,),
+        "vision_tower.patch_embed.pos_emb.weight": (vision["init_pos_emb_height"], vision["init_pos_emb_width"],
+                                                    hidden),
+        "mm_projector.proj.0.weight": (merged, merged), "mm_projector.proj.0.bias": (merged,),
+        "mm_projector.proj.2.weight": (text_hidden, merged), "mm_projector.proj.2.bias": (text_hidden,),
+    }
+    norms = ["vision_tower.encoder.final_layernorm", "mm_projector.pre_norm"]
+    for i in range(vision["num_hidden_layers"]):
+        block = f"vision_tower.encoder.blocks.{i}"
+        norms += [f"{block}.norm0", f"{block}.norm1"]
+        for name, (rows, cols) in {"wqkv": (3 * hidden, hidden), "wo": (hidden, hidden),
+                                   "mlp.fc0": (inter, hidden), "mlp.fc1": (hidden, inter)}.items():
+            shapes |= {f"{block}.{name}.weight": (rows, cols), f"{block}.{name}.bias": (rows,)}
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {name: torch.randn(shape, generator=generator) * std for name, shape in shapes.items()}
+    for norm in norms:
+        tensors[f"{norm}.weight"] = 1 + torch.randn(hidden, generator=generator) * std
+        tensors[f"{norm}.bias"] = torch.randn(hidden, generator=generator) * std
+    path = os.path.join(model_dir, "model.safetensors")
+    save_file(load_file(path) | tensors, path, metadata={"format": "pt"})
