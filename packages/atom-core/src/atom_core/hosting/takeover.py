@@ -276,7 +276,7 @@ def _hybrid_on_gpu(model: HostedModel) -> str | None:
 SLOWER_ON_GPU = {
     ("SGLang", "GptOssForCausalLM"): ("0.82x SGLang alone's throughput on an H200, bf16 "
                                       "(benchmarks/results/offline-sglang-h200.json.gz[cf4c7d6]); 0.98x on "
-                                      "an H100 with its MoE tile table (offline-sglang-h100.json.gz"
+                                      "an H100 with MoE tiles tuned there (offline-sglang-h100.json.gz"
                                       "[2026-12-05-13697dc-gpt-oss-tuned-tiles])"),
 }
 
