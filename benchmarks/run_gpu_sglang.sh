@@ -10,11 +10,12 @@
 # step's report is rewritten after every model, so a time-limited machine keeps what finished.
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd); shift
-steps=${*:-"offline kv-fp8-offline gpt-oss-offline gpt-oss-tuned-offline mla-offline mla-checkpoint-offline mla-kv-fp8-offline hybrid-offline profile serving gpu-tests"}
+steps=${*:-"offline kv-fp8-offline gpt-oss-offline gpt-oss-tuned-offline mla-offline mla-checkpoint-offline mla-kv-fp8-offline mla-atom-attention-offline hybrid-offline profile serving gpu-tests"}
 here=$(cd "$(dirname "$0")" && pwd)
 export HF_HUB_OFFLINE=1 ATOM_LOG_TRITON_COMPILES=1
 # sglang_run.py on each MODEL alone and with ATOM into OUT_DIR/RUNS, then bench_offline.py's REPORT
-# from the runs so far. KV: both engines' kv_cache_dtype; EXTRA: more sglang_run.py arguments for both.
+# from the runs so far. KV: both engines' kv_cache_dtype; EXTRA: more sglang_run.py arguments for both,
+# ATOM_EXTRA for SGLang + ATOM only.
 # RANDOM_CHECKPOINT=1: each model's weights are a random checkpoint (random_checkpoint.py), written
 # before its runs and removed after them, not the engines' dummy weights.
 offline_pairs() {  # RUNS REPORT KV MODEL...
@@ -29,9 +30,9 @@ offline_pairs() {  # RUNS REPORT KV MODEL...
       source="--checkpoint $ckpt/$model"
     fi
     for mode in native atom; do
-      [ $mode = native ] && flag=1 || flag=
+      [ $mode = native ] && flag=1 extra= || flag= extra=${ATOM_EXTRA:-}
       ATOM_DISABLE_SGLANG_PLUGIN=$flag timeout "${ENGINE_TIMEOUT:-600}" python3 "$here/e2e/sglang_run.py" \
-        $source --kv-cache-dtype "$kv" ${EXTRA:-} \
+        $source --kv-cache-dtype "$kv" ${EXTRA:-} $extra \
         --out "$runs/run-$model-$mode.json" > "$runs/run-$model-$mode.json.log" 2>&1
       echo "$model $mode rc=$? $(date +%T)"
     done
@@ -62,7 +63,13 @@ for step in $steps; do
     # The same on random checkpoints: dummy weights route MoE tokens unlike a real model's.
     mla-checkpoint-offline) RANDOM_CHECKPOINT=1 offline_pairs mla-checkpoint-runs offline-sglang-mla-checkpoint.json \
                               auto ${MLA_MODELS:-deepseek-v2-lite moonlight-16b-a3b} ;;
-    mla-kv-fp8-offline) offline_pairs mla-kv-fp8-runs offline-sglang-mla-kv-fp8.json fp8_e4m3 deepseek-v2-lite ;;
+    # An FP8 latent pool: ATOM's MLA models run on ATOM's latent attention there by default.
+    mla-kv-fp8-offline) offline_pairs mla-kv-fp8-runs offline-sglang-mla-kv-fp8.json fp8_e4m3 \
+                          ${MLA_MODELS:-deepseek-v2-lite} ;;
+    # ATOM's latent attention with a 16-bit pool too, where ATOM's default is SGLang's fa3.
+    mla-atom-attention-offline) ATOM_EXTRA="--engine-arg attention_backend=atom" offline_pairs \
+                                  mla-atom-attention-runs offline-sglang-mla-atom-attention.json auto \
+                                  ${MLA_MODELS:-deepseek-v2-lite} ;;
     # Qwen3-Next and Qwen3.5 (on GPUs the host serves hybrids unless asked), both engines with the state
     # cache ATOM's Gated DeltaNet layers keep (atom_sglang.config_translation.STATE_CHECKPOINTS_REASON).
     # HYBRID_MODELS narrows the list.

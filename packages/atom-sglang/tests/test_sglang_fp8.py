@@ -3,7 +3,7 @@ bfloat16 only; tiny models written in the published layouts by atom_core.testing
 greedy tokens equal ATOM's model alone in bfloat16 on the same checkpoint
 (atom_core.testing.reference.atom_greedy; in float32 its logits match HF transformers within FP8
 rounding, see atom-core's test_fp8_parity.py). MLA models run ATOM's model on SGLang's latent
-attention, with an FP8 KV cache too (on GPUs: test_sglang_gpu_mla.py)."""
+attention, and with an FP8 KV cache on ATOM's (on GPUs: test_sglang_gpu_mla.py)."""
 
 import pytest
 import torch
@@ -63,11 +63,11 @@ def test_fp8_mla_served_by_atom_on_sglang_latent_attention(tiny_model_dir, tmp_p
 
 
 def test_fp8_mla_cache_served_by_atom(tiny_model_dir):
-    """``--kv-cache-dtype fp8_e4m3`` on a bf16 DeepSeek-V3 (std 0.05, as above): ATOM's model on
-    SGLang's latent attention over an e4m3 latent cache. SGLang alone cannot be the yardstick (its CPU
-    MLA prefill on torch_native reads K from the latent pool and fails), so it is ATOM alone attending
-    over the latent entries rounded through e4m3 (fp8_kv_cache_semantics), to bf16 noise; the plain
-    cache's logprobs lie outside it."""
+    """``--kv-cache-dtype fp8_e4m3`` on a bf16 DeepSeek-V3 (std 0.05, as above): ATOM's model over an
+    e4m3 latent pool, on ATOM's latent attention (the default with an FP8 pool) and on SGLang's
+    torch_native. SGLang alone cannot be the yardstick (its CPU MLA prefill on torch_native reads K
+    from the latent pool and fails), so it is ATOM alone attending over the latent entries rounded
+    through e4m3 (fp8_kv_cache_semantics), to bf16 noise; the plain cache's logprobs lie outside it."""
     from atom_sglang.version import cpu_fp8_kv_cache_needs_intel_amx
 
     if cpu_fp8_kv_cache_needs_intel_amx():
@@ -76,12 +76,15 @@ def test_fp8_mla_cache_served_by_atom(tiny_model_dir):
     model = tiny_model_dir("DeepseekV3ForCausalLM", std=0.05)
     run = {"model": model, "phases": [PROMPTS], "max_tokens": 1, "prompt_logprobs": True,
            "engine_kwargs": {"dtype": "bfloat16", "kv_cache_dtype": "fp8_e4m3"}}
-    [[result]] = run_sglang(([run], {}))
-    assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
-    served = [o["prompt_logprobs"] for o in result["phases"][0]]
-    with fp8_kv_cache_semantics(0):
-        assert within_bfloat16_noise(*prompt_logprob_gaps(model, PROMPTS, served))
-    assert not within_bfloat16_noise(*prompt_logprob_gaps(model, PROMPTS, served))
+    torch_native = {**run, "engine_kwargs": {**run["engine_kwargs"], "attention_backend": "torch_native"}}
+    [results] = run_sglang(([run, torch_native], {}))
+    for result, backend in zip(results, ("atom", "torch_native"), strict=True):
+        assert "Use ATOM model" in result["log"] and "ATOM hands" not in result["log"]
+        assert result["attention_backend"] == backend
+        served = [o["prompt_logprobs"] for o in result["phases"][0]]
+        with fp8_kv_cache_semantics(0):
+            assert within_bfloat16_noise(*prompt_logprob_gaps(model, PROMPTS, served)), backend
+        assert not within_bfloat16_noise(*prompt_logprob_gaps(model, PROMPTS, served)), backend
 
 
 def test_fp8_kv_cache_served_by_atom(tiny_model_dir):

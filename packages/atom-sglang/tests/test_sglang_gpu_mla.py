@@ -1,4 +1,5 @@
-"""GPU: ATOM's MLA model on SGLang's MLA attention backends, which take the rope part in two forms.
+"""GPU: ATOM's MLA model on SGLang's MLA attention backends, which take the rope part in two forms, and on
+ATOM's own (``atom``: atom_sglang.attention.latent, the default with an FP8 latent pool).
 
 SGLang's DeepSeek hands FlashAttention-3 (SGLang's default on Hopper) and the other backends of its
 ``FORWARD_ABSORB_CORE_ATTENTION_BACKENDS`` the latent and the rope part apart (``q_rope`` /
@@ -51,25 +52,28 @@ def first_tokens(result: dict) -> list[int]:
     return [o["tokens"][0] for phase in result["phases"] for o in phase]
 
 
-def test_mla_on_fa3_and_triton(tiny_model_dir):
+def test_mla_on_fa3_triton_and_atom(tiny_model_dir):
     phases = prompt_phases(0)
     model = tiny_model_dir("DeepseekV2ForCausalLM", **MLA_WIDTHS)
-    [[fa3, triton]] = run_sglang(([engine_run(model, phases, "fa3"), engine_run(model, phases, "triton")], {}),
-                                 cpu_engine=False)
-    for result, backend in ((fa3, "fa3"), (triton, "triton")):
+    backends = ("fa3", "triton", "atom")
+    [[fa3, triton, atom]] = run_sglang(([engine_run(model, phases, backend) for backend in backends], {}),
+                                       cpu_engine=False)
+    for result, backend in zip((fa3, triton, atom), backends, strict=True):
         assert describe_served_model(result["log"], result)["atom_model"].startswith("atom_core.models.")
         assert result["attention_backend"] == backend
         assert all(o["cached_tokens"] >= SHARED_PREFIX for o in result["phases"][1])
         assert all(len(o["tokens"]) == 8 for phase in result["phases"] for o in phase)
-    differing = sum(a != b for a, b in zip(first_tokens(fa3), first_tokens(triton), strict=True))
-    assert differing <= 1, (first_tokens(fa3), first_tokens(triton))
+    for other in (triton, atom):
+        differing = sum(a != b for a, b in zip(first_tokens(fa3), first_tokens(other), strict=True))
+        assert differing <= 1, (first_tokens(fa3), first_tokens(other))
 
 
 def test_mla_fp8_kv_cache_against_sglang_alone(tiny_model_dir):
     """``--kv-cache-dtype fp8_e4m3``: SGLang's backends keep the latent pool in FP8 and cast queries to
     it (fa3) or dequantize on read (triton). ATOM's absorbed attention and SGLang alone's DeepSeek (its
     prefill in the expanded form) then round differently, so the first tokens agree up to near-ties:
-    all prompts but at most one, across engines and across ATOM's two backends."""
+    all prompts but at most one, across engines and across the backends under ATOM's model. Without
+    a flag ATOM's model runs on ATOM's backend."""
     phases = prompt_phases(1)
     # SGLang's own DeepSeek reads moe_layer_freq and scoring_func, which HF's config class has no
     # defaults for (published configs list them; with both SGLang alone builds it on CPU). It prefills
@@ -77,14 +81,18 @@ def test_mla_fp8_kv_cache_against_sglang_alone(tiny_model_dir):
     # (96, 128]: DeepSeek's own 128 + 64 and 128 (on the tiny model's 16 + 64 and 20 it failed on an H200).
     model = tiny_model_dir("DeepseekV2ForCausalLM", **MLA_WIDTHS, moe_layer_freq=1, scoring_func="softmax",
                            qk_nope_head_dim=128, v_head_dim=128)
-    runs = {backend: engine_run(model, phases, backend, "fp8_e4m3") for backend in ("fa3", "triton")}
-    [[fa3, triton], [alone]] = run_sglang(([runs["fa3"], runs["triton"]], {}),
-                                          ([runs["fa3"]], {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}), cpu_engine=False)
-    for result in (fa3, triton):
+    runs = {backend: engine_run(model, phases, backend, "fp8_e4m3") for backend in ("fa3", "triton", "atom")}
+    default = {**runs["atom"], "engine_kwargs": {**runs["atom"]["engine_kwargs"], "attention_backend": None}}
+    [[fa3, triton, atom, by_default], [alone]] = run_sglang(
+        ([runs["fa3"], runs["triton"], runs["atom"], default], {}),
+        ([runs["fa3"]], {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}), cpu_engine=False)
+    for result in (fa3, triton, atom, by_default):
         assert describe_served_model(result["log"], result)["atom_model"].startswith("atom_core.models.")
+    assert by_default["attention_backend"] == "atom"  # ATOM's latent attention reads the FP8 pool in place
+    assert first_tokens(by_default) == first_tokens(atom)
     assert describe_served_model(alone["log"], alone)["atom_model"] is None
-    for result in (fa3, triton, alone):
+    for result in (fa3, triton, atom, alone):
         assert all(o["cached_tokens"] >= SHARED_PREFIX for o in result["phases"][1])
-    for other in (triton, alone):
+    for other in (triton, atom, alone):
         differing = sum(a != b for a, b in zip(first_tokens(fa3), first_tokens(other), strict=True))
         assert differing <= 1, (first_tokens(fa3), first_tokens(other))

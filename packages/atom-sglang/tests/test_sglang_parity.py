@@ -27,6 +27,7 @@ ARCHITECTURES = parity_architectures()
 ATOM_ONLY = atom_only_architectures()
 # SGLang implements it, ATOM does not.
 HOST_ONLY = "Qwen2ForCausalLM"
+MLA = "DeepseekV3ForCausalLM"
 MAX_TOKENS = 32
 ENGINE_KWARGS = {"chunked_prefill_size": 16, "enable_mixed_chunk": True}
 
@@ -63,12 +64,13 @@ def runs(tiny_model) -> dict[str, dict[str, dict]]:
     atom_runs = [run_spec(tiny_model(arch)) for arch in ARCHITECTURES]
     atom_runs.append(run_spec(tiny_model("Qwen3ForCausalLM"), attention_backend="torch_native"))
     more_runs = [run_spec(tiny_model(arch)) for arch in ATOM_ONLY + [HOST_ONLY]]
+    more_runs.append(run_spec(tiny_model(MLA), attention_backend="atom"))
     native_runs = [run_spec(tiny_model(arch)) for arch in ARCHITECTURES]
     atom, more, native = run_sglang((atom_runs, {}), (more_runs, {}),
                                     (native_runs, {"ATOM_DISABLE_SGLANG_PLUGIN": "1"}))
     return {
-        "atom": {**dict(zip(ARCHITECTURES + ATOM_ONLY + [HOST_ONLY], atom[:-1] + more)),
-                 "Qwen3ForCausalLM+torch_native": atom[-1]},
+        "atom": {**dict(zip(ARCHITECTURES + ATOM_ONLY + [HOST_ONLY], atom[:-1] + more[:-1])),
+                 "Qwen3ForCausalLM+torch_native": atom[-1], f"{MLA}+atom": more[-1]},
         "native": dict(zip(ARCHITECTURES, native)),
     }
 
@@ -134,6 +136,21 @@ def test_more_families_match_hf(runs, expected, architecture):
     mla = architecture.startswith("Deepseek")
     assert result["attention_backend"] == ("torch_native" if mla else "atom")
     assert tokens_of(result) == expected[architecture]
+    cached = [o["cached_tokens"] for o in result["phases"][1]]
+    assert cached[0] >= 40 and cached[1] >= 24, cached
+
+
+@pytest.mark.skipif(MLA not in ATOM_ONLY, reason=f"no tiny {MLA}")
+def test_mla_on_atoms_latent_attention_matches_hf(runs, expected):
+    """``--attention-backend atom`` on an MLA model: ATOM's latent attention over SGLang's latent pool
+    (atom_sglang.attention.latent), absorbed decode and expanded extend, with radix-cache hits and
+    chunks mixed with decodes."""
+    result = runs["atom"][f"{MLA}+atom"]
+    assert_atom_model_served(result, MLA)
+    assert result["attention_backend"] == "atom"
+    assert "Warm-up before serving: prefill and extend attention kernels of 1 layer shape(s) in" in (
+        result["startup_log"])
+    assert tokens_of(result) == expected[MLA]
     cached = [o["cached_tokens"] for o in result["phases"][1]]
     assert cached[0] >= 40 and cached[1] >= 24, cached
 

@@ -112,7 +112,8 @@ class RadixLatentAttentionImpl(nn.Module):
     channels are the values, queries ``[q_nope W_UK | rope(q_pe)]``, output lifted by W_UV. SGLang's
     pool stores exactly that latent per token; SGLang's MLA-capable backends run the attention,
     given the rope parts apart or concatenated as each backend takes them
-    (:func:`backend_takes_rope_apart`)."""
+    (:func:`backend_takes_rope_apart`). On ATOM's own backend the layer hands it the raw inputs
+    (atom_sglang.attention.latent)."""
 
     def __init__(self, spec: LatentAttentionSpec):
         super().__init__()
@@ -132,10 +133,17 @@ class RadixLatentAttentionImpl(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, kv_c: torch.Tensor,
                 k_pe: torch.Tensor) -> torch.Tensor:
+        from sglang.srt.model_executor.forward_context import get_attn_backend
+
+        from atom_sglang.attention.latent import ATOMLatentAttentionBackend
+
         s = self.spec
+        forward_batch = current_forward_batch()
+        backend = get_attn_backend()
+        if isinstance(backend, ATOMLatentAttentionBackend):
+            return backend.attend_latent(s, self.attn, forward_batch, positions, q, kv_c, k_pe)
         q_pe, k_pe = s.rotary_emb(positions, q[..., s.qk_nope_head_dim :], k_pe)
         q_nope = absorb_q(s, q[..., : s.qk_nope_head_dim])
-        forward_batch = current_forward_batch()
         if backend_takes_rope_apart(forward_batch):
             out = self.attn(q_nope, kv_c, kv_c, forward_batch, q_rope=q_pe, k_rope=k_pe.unsqueeze(1))
         else:

@@ -52,8 +52,9 @@ from atom_sglang.version import cpu_fp8_kv_cache_needs_intel_amx, resolves_serve
 def atom_serves_attention(server_args: Any, model_config: Any, use_mla_backend: bool) -> bool:
     """Whether ATOM's attention backend should be this model's default: ATOM serves the model
     (atom_core.hosting.takeover; a strict takeover refuses here, at start-up), and SGLang gives it
-    the plain MHA KV pool (not MLA's latent pool, not the hybrid sliding-window pool of e.g. GPT-OSS)
-    that the backend runs on."""
+    the plain MHA KV pool (not the hybrid sliding-window pool of e.g. GPT-OSS) that the backend runs
+    on, or MLA's latent pool in FP8 (with a 16-bit one SGLang's MLA backends serve ATOM's MLA layers:
+    on Hopper FlashAttention-3, whose decode ATOM's vLLM backend runs too)."""
     from atom_core.hosting.takeover import enforce_strict
     from atom_core.models import SUPPORTED_ARCHITECTURES
     from atom_sglang.config_translation import takeover_decision
@@ -64,7 +65,7 @@ def atom_serves_attention(server_args: Any, model_config: Any, use_mla_backend: 
     return (
         decision.atom_serves
         and not envs.attention_disabled()
-        and not use_mla_backend
+        and (not use_mla_backend or server_args.kv_cache_dtype in FP8_KV_CACHE_DTYPES)
         and not model_config.is_hybrid_swa
     )
 
@@ -77,10 +78,13 @@ FASTER_HOST_DEFAULTS = frozenset({"fa3"})
 
 
 def default_attention_backend(original, server_args, use_mla_backend: bool, model_config):
+    """ATOM's backend where it serves attention, except under a faster host default; for an FP8 latent
+    pool always: SGLang's FA3 MLA path converts a layer's whole FP8 pool to bf16 on every call, ATOM's
+    kernels read the entries in place (atom_sglang.attention.latent)."""
     host_default = original(server_args, use_mla_backend, model_config)
-    if atom_serves_attention(server_args, model_config, use_mla_backend) and host_default not in FASTER_HOST_DEFAULTS:
-        return BACKEND_NAME
-    return host_default
+    if not atom_serves_attention(server_args, model_config, use_mla_backend):
+        return host_default
+    return BACKEND_NAME if use_mla_backend or host_default not in FASTER_HOST_DEFAULTS else host_default
 
 
 def atom_default_on_cpu(view: Any, model_config: Any, use_mla_backend: bool) -> bool:

@@ -16,8 +16,10 @@ from torch import nn
 
 import atom_kernels
 from atom_core.layers.gated_delta_core import CachedStateBatch, GatedDeltaCoreSpec, forward_with_state_cache
+from atom_core.layers.mla import LatentAttentionSpec, mla_prefill, rope_and_cache
 from atom_core.layers.moe import SparseMoeBlock
 from atom_core.log import logger
+from atom_kernels.cache import FP8_CACHE_DTYPES
 
 WARM_UP_TOKENS = 16
 
@@ -71,6 +73,44 @@ def fused_qkv(num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dt
     q, k, v = qkv.split(sizes, dim=-1)
     return (q.view(-1, num_heads, head_size), k.view(-1, num_kv_heads, head_size),
             v.view(-1, num_kv_heads, head_size))
+
+
+def run_latent_prefill_kernels(spec: LatentAttentionSpec, positions: torch.Tensor, q: torch.Tensor,
+                               kv_c: torch.Tensor, k_pe: torch.Tensor, cache_dtype: torch.dtype,
+                               expanded_attention: bool) -> None:
+    """Run an MLA layer's prefill path once on the first :data:`WARM_UP_TOKENS` rows of its
+    ``(positions, q, kv_c, k_pe)``: the rope and cache write with the raw ``q_nope`` (a
+    specialisation of its own, which an H200 run saw compiling on the first prompt) into one scratch
+    cache block of ``cache_dtype`` (FP8: scale 1.0), then, where ATOM's kernels run it
+    (``expanded_attention``), the expanded attention over the rounded latents. Pass the layer's own
+    tensors or views laid out as the layer hands them over (:func:`latent_inputs`). Results discarded."""
+    n = min(q.shape[0], WARM_UP_TOKENS)
+    if n < 2:
+        return
+    nope = spec.qk_nope_head_dim
+    scratch = torch.empty((1, WARM_UP_TOKENS, kv_c.shape[-1] + spec.qk_rope_head_dim), device=q.device,
+                          dtype=cache_dtype)
+    fp8 = cache_dtype in FP8_CACHE_DTYPES
+    kv_scale = torch.ones((), dtype=torch.float32, device=q.device) if fp8 else None
+    slots = torch.arange(n, device=q.device)
+    q_full = rope_and_cache(spec, positions[:n], q[:n, :, :nope], q[:n, :, nope:], kv_c[:n], k_pe[:n], scratch,
+                            slots, kv_scale)
+    if not expanded_attention:
+        return
+    latent = scratch[0, :n] if kv_scale is None else (scratch[0, :n].float() * kv_scale).to(q.dtype)
+    cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+    mla_prefill(spec, q_full, latent, cu_seqlens, cu_seqlens)
+
+
+def latent_inputs(spec: LatentAttentionSpec, dtype: torch.dtype, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Zero ``(positions, q, kv_c, k_pe)`` of :data:`WARM_UP_TOKENS` tokens laid out as
+    :class:`atom_core.layers.mla.MultiHeadLatentAttention` hands them over (``k_pe`` a view of the
+    latent projection's output), for a host that warms up without a forward pass."""
+    n, rank, rope = WARM_UP_TOKENS, spec.kv_lora_rank, spec.qk_rope_head_dim
+    q = torch.zeros(n, spec.num_heads, spec.qk_nope_head_dim + rope, dtype=dtype, device=device)
+    kv_a = torch.zeros(n, rank + rope, dtype=dtype, device=device)
+    return torch.arange(n, device=device), q, kv_a[:, :rank].contiguous(), kv_a[:, rank:]
 
 
 def run_gated_delta_prefill_kernels(spec: GatedDeltaCoreSpec, mixed_qkv: torch.Tensor, g: torch.Tensor,

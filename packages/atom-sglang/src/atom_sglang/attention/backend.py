@@ -53,6 +53,18 @@ class ATOMAttentionBackend(AttentionBackend):
     def __init__(self, model_runner: ModelRunner):
         super().__init__()
         pool = model_runner.token_to_kv_pool
+        self.check_pool(pool, model_runner)
+        self.device = model_runner.device
+        self.page_size = model_runner.page_size
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = pool
+        self.fp8_cache = pool.dtype in FP8_CACHE_DTYPES
+        self.forward_metadata: ATOMAttentionMetadata | None = None
+        self.graph_buffers: ATOMAttentionMetadata | None = None
+        logger.info("Use atom attention backend for SGLang (page size %d)", self.page_size)
+
+    @staticmethod
+    def check_pool(pool, model_runner: ModelRunner) -> None:
         mha_pool = pool.full_kv_pool if type(pool) is HybridLinearKVPool else pool
         fp8_e5m2 = pool.dtype == torch.float8_e5m2
         if (type(mha_pool) is not MHATokenToKVPool or mha_pool.is_quantized_kv_cache or mha_pool.use_hnd
@@ -63,14 +75,6 @@ class ATOMAttentionBackend(AttentionBackend):
                 f"(kv_cache_dtype={model_runner.server_args.kv_cache_dtype}). "
                 "Choose another --attention-backend."
             )
-        self.device = model_runner.device
-        self.page_size = model_runner.page_size
-        self.req_to_token_pool = model_runner.req_to_token_pool
-        self.token_to_kv_pool = pool
-        self.fp8_cache = pool.dtype in FP8_CACHE_DTYPES
-        self.forward_metadata: ATOMAttentionMetadata | None = None
-        self.graph_buffers: ATOMAttentionMetadata | None = None
-        logger.info("Use atom attention backend for SGLang (page size %d)", self.page_size)
 
     # --- metadata ---------------------------------------------------------------------------------
 

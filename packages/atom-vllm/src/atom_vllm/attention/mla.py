@@ -63,7 +63,7 @@ from vllm.v1.attention.selector import get_attn_backend
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from atom_core.hosting.takeover import FP8_KV_CACHE_DTYPES
-from atom_core.hosting.warmup import WARM_UP_TOKENS
+from atom_core.hosting.warmup import run_latent_prefill_kernels
 from atom_core.layers.mla import (
     LatentAttentionSpec,
     absorb_q,
@@ -294,27 +294,10 @@ class ATOMMLAImpl(AttentionImplBase[ATOMMLAMetadata]):
                                 k_pe: torch.Tensor) -> None:
         """Run the prefill path's Triton kernels once on this layer's shapes during vLLM's batch-less
         warm-up passes, so that Triton compiles them at start-up rather than on the first prompt (the
-        decode path compiles when vLLM captures its decode CUDA graphs): the rope and cache write with
-        the expanded ``q_nope`` (a specialisation of its own, which an H200 run saw compiling on the
-        first prompt), into a scratch cache of the layer's cache dtype, and the expanded attention
-        where ATOM's kernels run it (FA3 ships compiled). The results are discarded."""
+        decode path compiles when vLLM captures its decode CUDA graphs; FA3 ships compiled)."""
         self.prefill_kernels_compiled = True
-        n = min(q.shape[0], WARM_UP_TOKENS)
-        if n < 2:
-            return
-        s, nope = self.spec, self.spec.qk_nope_head_dim
-        # One cache block of a typical block size, so that the strides specialise as the real cache's.
-        scratch = torch.empty((1, WARM_UP_TOKENS, kv_c.shape[-1] + s.qk_rope_head_dim), device=q.device,
-                              dtype=self.fp8_cache_dtype if self.fp8_cache else q.dtype)
-        kv_scale = torch.ones((), dtype=torch.float32, device=q.device) if self.fp8_cache else None
-        slots = torch.arange(n, device=q.device)
-        q_full = rope_and_cache(s, positions[:n], q[:n, :, :nope], q[:n, :, nope:], kv_c[:n], k_pe[:n], scratch,
-                                slots, kv_scale)
-        if self.fa3:
-            return
-        latent = scratch[0, :n] if kv_scale is None else (scratch[0, :n].float() * kv_scale).to(q.dtype)
-        cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=q.device)
-        mla_prefill(s, q_full, latent, cu_seqlens, cu_seqlens)
+        run_latent_prefill_kernels(self.spec, positions, q, kv_c, k_pe,
+                                   self.fp8_cache_dtype if self.fp8_cache else q.dtype, expanded_attention=not self.fa3)
 
 
 class ATOMMLAAttention(nn.Module, AttentionLayerBase):
