@@ -5,7 +5,8 @@ and at parity on a second start: ATOM's prefill attention, extend attention and 
 prefill sizes compiled while serving. At 46e41df Qwen3-30B-A3B-FP8's first pass still ran at 0.83x its
 timed one. Here tiny bf16 Qwen3 and Qwen3-MoE models and a block-FP8 Qwen3-MoE, with SGLang's decode
 CUDA graphs, a fresh Triton cache and 16-token chunked prefill with mixed chunks, serve whole
-prefills, chunked-prefill extends with decodes in the same batch, radix-cache hits and decodes. Every
+prefills, chunked-prefill extends with decodes in the same batch, radix-cache hits and decodes; a tiny
+DeepSeek-V2 the same on ATOM's latent attention over an FP8 latent pool. Every
 process of the engine logs its Triton compiles in the form of vLLM's JIT monitor
 (atom_core.testing.jit_monitor); none logged after the engine was ready may be an ATOM kernel, and
 the start-up must have logged some (so the check reached SGLang's scheduler process).
@@ -29,10 +30,13 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("architecture, form", [("Qwen3ForCausalLM", "bf16"), ("Qwen3MoeForCausalLM", "bf16"),
-                                                ("Qwen3MoeForCausalLM", "fp8-block")])
+                                                ("Qwen3MoeForCausalLM", "fp8-block"),
+                                                ("DeepseekV2ForCausalLM", "fp8-latent-pool")])
 def test_serving_mix_compiles_no_atom_kernel(tiny_model_dir, tmp_path, architecture, form):
-    model = (tiny_model_dir(architecture) if form == "bf16"
-             else write_tiny_fp8_checkpoint(tiny_model_dir, architecture, str(tmp_path / "fp8"), form))
+    if form == "fp8-block":
+        model = write_tiny_fp8_checkpoint(tiny_model_dir, architecture, str(tmp_path / "fp8"), form)
+    else:
+        model = tiny_model_dir(architecture)
     rng = random.Random(0)
     tokens = lambda n: [rng.randrange(4, 499) for _ in range(n)]  # noqa: E731
     shared = tokens(48)
@@ -44,6 +48,8 @@ def test_serving_mix_compiles_no_atom_kernel(tiny_model_dir, tmp_path, architect
         # ATOM's backend by name: where SGLang's default is FlashAttention-3 (Hopper), that stays the
         # default (atom_sglang.patches.FASTER_HOST_DEFAULTS).
         "attention_backend": "atom",
+        # MLA: ATOM's latent attention over an FP8 latent pool (atom_sglang.attention.latent).
+        "kv_cache_dtype": "fp8_e4m3" if form == "fp8-latent-pool" else "auto",
     }}
     env = {"ATOM_TEST_LOG_TRITON_COMPILES": "1", "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     [[result]] = run_sglang(([run], env), cpu_engine=False)
