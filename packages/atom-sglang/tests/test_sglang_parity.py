@@ -130,7 +130,8 @@ def test_native_sglang_matches_hf(runs, expected, architecture):
 @pytest.mark.parametrize("architecture", ATOM_ONLY)
 def test_more_families_match_hf(runs, expected, architecture):
     """Mixtral: sliding window through ATOM's backend. DeepSeek-V3: ATOM's MLA in the absorbed form
-    over SGLang's latent KV pool, on SGLang's attention (ATOM's backend has no MLA path)."""
+    over SGLang's latent KV pool, on SGLang's attention (the default with a 16-bit pool; on ATOM's:
+    test_mla_on_atoms_latent_attention_matches_hf)."""
     result = runs["atom"][architecture]
     assert_atom_model_served(result, architecture)
     mla = architecture.startswith("Deepseek")
