@@ -127,3 +127,27 @@ def test_releases_in_the_range_are_accepted(found, monkeypatch):
     SGLANG_RELEASE.check(found)
     monkeypatch.setenv("ATOM_SKIP_SGLANG_VERSION_CHECK", "1")
     SGLANG_RELEASE.check(found)
+
+
+@pytest.mark.parametrize("architecture, kv_cache_dtype, host_default, expected", [
+    ("DeepseekV3ForCausalLM", "fp8_e4m3", "fa3", "atom"),  # ATOM's latent attention reads the FP8 pool in place
+    ("DeepseekV3ForCausalLM", "auto", "fa3", "fa3"),  # a 16-bit latent pool stays on SGLang's MLA backends
+    ("DeepseekV3ForCausalLM", "auto", "triton", "triton"),
+    ("Qwen3ForCausalLM", "auto", "fa3", "fa3"),  # FASTER_HOST_DEFAULTS
+    ("Qwen3ForCausalLM", "fp8_e4m3", "fa3", "fa3"),
+    ("Qwen3ForCausalLM", "auto", "triton", "atom"),
+])
+def test_default_backend_on_gpus(tiny_model_dir, architecture, kv_cache_dtype, host_default, expected):
+    """What ATOM makes of SGLang's GPU default attention backend (``host_default``), per model kind
+    and KV-cache dtype (atom_sglang.patches.default_attention_backend)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs
+
+    from atom_sglang.patches import default_attention_backend
+
+    server_args = ServerArgs(model_path=tiny_model_dir(architecture), device="cpu", dtype="bfloat16",
+                             kv_cache_dtype=kv_cache_dtype)
+    use_mla = architecture.startswith("Deepseek")
+    backend = default_attention_backend(lambda *args: host_default, server_args, use_mla,
+                                        ModelConfig.from_server_args(server_args))
+    assert backend == expected
