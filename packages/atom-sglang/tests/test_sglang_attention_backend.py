@@ -195,3 +195,49 @@ def test_start_up_runs_prefill_and_extend_kernels_over_the_pool(page_size, monke
         assert paged[0].shape[0] > seq_lens.shape[0]
         assert varlen[7] == paged[7] == to_atom_window(window)
     torch.testing.assert_close((pool.k_buffer[0], pool.v_buffer[0]), before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_latent_start_up_runs_the_extend_path_at_the_pools_page_size(page_size, cache_dtype, monkeypatch):
+    """MLA (atom_sglang.attention.latent): per MLA geometry, the rope + latent write with the raw
+    q_nope into a scratch cache of the pool's dtype and page size (a page of 1 is a Triton
+    specialisation of its own: on an H100 a 16-token scratch block left it to the first request),
+    then the expanded attention; SGLang's pool is not written."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
+
+    import atom_kernels
+    from atom_core.layers.linear import ColumnParallelLinear
+    from atom_core.layers.mla import LatentAttentionSpec
+    from atom_core.layers.rotary import RotaryEmbedding
+    from atom_sglang.attention.latent import ATOMLatentAttentionBackend
+    from atom_sglang.host_hooks import RadixLatentAttentionImpl
+
+    heads, nope, rope, v, rank = 4, 16, 8, 12, 32
+    pool = MLATokenToKVPool(POOL_SLOTS, page_size, cache_dtype, rank, rope, 2, "cpu", False)
+    runner = SimpleNamespace(device="cpu", page_size=page_size, token_to_kv_pool=pool, dtype=torch.float32,
+                             req_to_token_pool=ReqToTokenPool(4, MAX_CONTEXT, "cpu", False), use_mla_backend=True,
+                             server_args=SimpleNamespace(kv_cache_dtype="auto"))
+
+    def layer(layer_id: int) -> RadixLatentAttentionImpl:
+        kv_b_proj = ColumnParallelLinear(rank, heads * (nope + v))
+        rotary = RotaryEmbedding(rope, rope, 64, {"rope_type": "default", "rope_theta": 10000.0})
+        return RadixLatentAttentionImpl(LatentAttentionSpec(
+            num_heads=heads, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=v, kv_lora_rank=rank,
+            scale=0.2, prefix=f"layers.{layer_id}.attn", layer_id=layer_id, kv_b_proj=kv_b_proj, rotary_emb=rotary))
+
+    calls = []
+    varlen, rope_cache = atom_kernels.varlen_attention, atom_kernels.fused_qk_rope_concat_and_cache_mla
+    monkeypatch.setattr(atom_kernels, "varlen_attention",
+                        lambda q, *args, **kw: calls.append(("attention", q.shape[-1])) or varlen(q, *args, **kw))
+
+    def record_rope_cache(q_nope, q_pe, kv_c, k_pe, kv_cache, *args, **kwargs):
+        calls.append(("rope_cache", q_nope.shape[-1], kv_cache.shape[1], kv_cache.dtype))
+        return rope_cache(q_nope, q_pe, kv_c, k_pe, kv_cache, *args, **kwargs)
+
+    monkeypatch.setattr(atom_kernels, "fused_qk_rope_concat_and_cache_mla", record_rope_cache)
+    before = [buffer.clone() for buffer in pool.kv_buffer]
+    backend = ATOMLatentAttentionBackend(runner)
+    assert backend.compile_prefill_kernels(torch.nn.ModuleList([layer(0), layer(1)]), torch.float32) == 1
+    assert calls == [("rope_cache", nope, page_size, cache_dtype), ("attention", nope + rope)]
+    assert all(torch.equal(a, b) for a, b in zip(pool.kv_buffer, before, strict=True))

@@ -77,18 +77,19 @@ def fused_qkv(num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dt
 
 def run_latent_prefill_kernels(spec: LatentAttentionSpec, positions: torch.Tensor, q: torch.Tensor,
                                kv_c: torch.Tensor, k_pe: torch.Tensor, cache_dtype: torch.dtype,
-                               expanded_attention: bool) -> None:
+                               expanded_attention: bool, block_size: int = WARM_UP_TOKENS) -> None:
     """Run an MLA layer's prefill path once on the first :data:`WARM_UP_TOKENS` rows of its
     ``(positions, q, kv_c, k_pe)``: the rope and cache write with the raw ``q_nope`` (a
-    specialisation of its own, which an H200 run saw compiling on the first prompt) into one scratch
-    cache block of ``cache_dtype`` (FP8: scale 1.0), then, where ATOM's kernels run it
+    specialisation of its own, which an H200 run saw compiling on the first prompt) into a scratch
+    cache of ``cache_dtype`` (FP8: scale 1.0) in blocks of the host's ``block_size`` (Triton
+    specialises on a block size of 1, SGLang's default page), then, where ATOM's kernels run it
     (``expanded_attention``), the expanded attention over the rounded latents. Pass the layer's own
     tensors or views laid out as the layer hands them over (:func:`latent_inputs`). Results discarded."""
     n = min(q.shape[0], WARM_UP_TOKENS)
     if n < 2:
         return
-    nope = spec.qk_nope_head_dim
-    scratch = torch.empty((1, WARM_UP_TOKENS, kv_c.shape[-1] + spec.qk_rope_head_dim), device=q.device,
+    nope, width = spec.qk_nope_head_dim, kv_c.shape[-1] + spec.qk_rope_head_dim
+    scratch = torch.empty((-(-WARM_UP_TOKENS // block_size), block_size, width), device=q.device,
                           dtype=cache_dtype)
     fp8 = cache_dtype in FP8_CACHE_DTYPES
     kv_scale = torch.ones((), dtype=torch.float32, device=q.device) if fp8 else None
@@ -97,7 +98,8 @@ def run_latent_prefill_kernels(spec: LatentAttentionSpec, positions: torch.Tenso
                             slots, kv_scale)
     if not expanded_attention:
         return
-    latent = scratch[0, :n] if kv_scale is None else (scratch[0, :n].float() * kv_scale).to(q.dtype)
+    latent = scratch.view(-1, width)[:n]
+    latent = latent if kv_scale is None else (latent.float() * kv_scale).to(q.dtype)
     cu_seqlens = torch.tensor([0, n], dtype=torch.int32, device=q.device)
     mla_prefill(spec, q_full, latent, cu_seqlens, cu_seqlens)
 

@@ -87,7 +87,7 @@ class ATOMLatentAttentionBackend(ATOMAttentionBackend):
                                        s.kv_lora_rank), s)
         for spec in geometries.values():
             run_latent_prefill_kernels(spec, *latent_inputs(spec, dtype, self.device), self.token_to_kv_pool.dtype,
-                                       expanded_attention=True)
+                                       expanded_attention=True, block_size=self.page_size)
         return len(geometries)
 
     def latent_pool(self, layer: RadixAttention) -> torch.Tensor:
