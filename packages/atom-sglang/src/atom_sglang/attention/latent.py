@@ -13,7 +13,8 @@ raw ``(positions, q, kv_c, k_pe)``; it runs what ATOM's vLLM MLA backend runs on
 
 Why it exists: SGLang's FlashAttention-3 MLA path converts a layer's whole FP8 pool to bf16 on every
 call (``get_key_buffer(...).to(q.dtype)``), which took both engines to a quarter of their bf16-cache
-speed on an H100 (docs/performance.md, "SGLang on an H200", "On an H100").
+speed on an H100; on this backend ATOM made 3.91x SGLang alone's throughput there (DeepSeek-V2-Lite,
+benchmarks/results/offline-sglang-h100.json.gz[2026-12-06-9834b90-mla-kv-fp8]).
 """
 
 from __future__ import annotations
