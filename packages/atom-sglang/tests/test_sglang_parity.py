@@ -141,7 +141,6 @@ def test_more_families_match_hf(runs, expected, architecture):
     assert cached[0] >= 40 and cached[1] >= 24, cached
 
 
-@pytest.mark.skipif(MLA not in ATOM_ONLY, reason=f"no tiny {MLA}")
 def test_mla_on_atoms_latent_attention_matches_hf(runs, expected):
     """``--attention-backend atom`` on an MLA model: ATOM's latent attention over SGLang's latent pool
     (atom_sglang.attention.latent), absorbed decode and expanded extend, with radix-cache hits and
