@@ -2,9 +2,10 @@
 
 The attention part runs in the glues' own tests (atom-vllm: test_attention_warmup.py on vLLM's
 scratch cache; atom-sglang: test_sglang_attention_backend.py over SGLang's pool). Here: the fused
-QKV layout the SGLang glue warms up on, the fused MoE warm-up of a model's expert layers, which
-must compile exactly the variants the layers' forward passes launch, and the Gated DeltaNet prefill
-warm-up, which must launch on states laid out as the host's cache rows without writing the cache.
+QKV layout the SGLang glue warms up on, the routing and fused MoE warm-up of a model's expert
+layers, which must compile exactly the variants the layers' forward passes launch, and the Gated
+DeltaNet prefill warm-up, which must launch on states laid out as the host's cache rows without
+writing the cache.
 """
 
 import pytest
@@ -17,7 +18,7 @@ from atom_core.hosting.warmup import (
     fused_qkv,
     run_gated_delta_prefill_kernels,
     run_prefill_attention_kernels,
-    warm_up_fused_moe_layers,
+    warm_up_moe_layers,
 )
 from atom_core.layers.gated_delta_core import GatedDeltaCoreSpec
 from atom_core.layers.moe import MoeSpec, SparseMoeBlock
@@ -41,13 +42,26 @@ def test_extend_request_covers_its_pages_at_any_block_size(block_size):
     assert torch.isfinite(out).all()  # the last kernel run (paged extend) wrote every row
 
 
-def test_moe_warm_up_compiles_what_each_expert_layer_runs(monkeypatch):
-    spec = MoeSpec(num_experts=4, top_k=2, intermediate_size=32, renormalize=True)
+@pytest.mark.parametrize("routing", ["topk_softmax", "grouped_topk"])
+def test_moe_warm_up_compiles_what_each_expert_layer_runs(monkeypatch, routing):
+    grouped = {"scoring": "sigmoid", "num_expert_group": 2, "topk_group": 1, "correction_bias": True}
+    spec = MoeSpec(num_experts=4, top_k=2, intermediate_size=32, renormalize=True,
+                   **(grouped if routing == "grouped_topk" else {}))
     model = nn.ModuleList([nn.Linear(64, 64)] + [SparseMoeBlock.from_spec(spec, 64, f"layers.{i}.mlp")
                                                  for i in range(2)])
-    calls, forwards = [], []
+    for block in model[1:]:
+        block.gate.weight.data = torch.randn(4, 64, dtype=torch.bfloat16)
+        if block.gate.e_score_correction_bias is not None:
+            block.gate.e_score_correction_bias.data.zero_()
+    calls, forwards, routed = [], [], []
+    original_routing = getattr(atom_kernels, routing)
+    monkeypatch.setattr(atom_kernels, routing,
+                        lambda logits, *args: routed.append(logits.shape) or original_routing(logits, *args))
     monkeypatch.setattr(atom_kernels, "warm_up_fused_moe", lambda *args, **kwargs: calls.append((args, kwargs)))
-    assert warm_up_fused_moe_layers(model, torch.bfloat16) == 2
+    assert warm_up_moe_layers(model, torch.bfloat16) == 2
+    # Each router at every launch config of the routing kernels, as serving would route.
+    assert routed == [(n, 4) for _ in range(2) for n in atom_kernels.ROUTING_WARM_UP_TOKENS]
+    assert len(set(atom_kernels.ROUTING_WARM_UP_TOKENS)) > 1
     monkeypatch.setattr(atom_kernels, "fused_moe", lambda *args, **kwargs: forwards.append(kwargs) or args[0])
     for block, ((w13, w2, top_k), options) in zip(model[1:], calls, strict=True):
         assert w13 is block.experts.w13_weight and w2 is block.experts.w2_weight and top_k == spec.top_k

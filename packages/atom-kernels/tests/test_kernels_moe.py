@@ -125,6 +125,30 @@ def test_grouped_topk_without_bias_uses_group_max(backend):
     assert_close(got_w, want_w, torch.float32)
 
 
+@pytest.mark.gpu
+def test_routing_warm_up_token_counts_compile_what_any_batch_size_runs():
+    """Routing each count of ROUTING_WARM_UP_TOKENS compiles every variant of the routing kernels:
+    no later token count compiles another (the glues' start-up warm-up routes those counts)."""
+    from atom_kernels import routing
+
+    bias = torch.zeros(64, device=DEVICE)
+
+    def route(num_tokens: int) -> None:
+        logits = distinct_logits(num_tokens, 64, torch.float32)
+        impl("grouped_topk", "triton")(logits, 6, 1, 1, True, "sigmoid", bias, 2.5)
+        impl("topk_softmax", "triton")(logits, 6, True)
+
+    def variants() -> int:
+        return compiled_variants(routing._grouped_topk_kernel, routing._topk_softmax_kernel)
+
+    for num_tokens in atom_kernels.ROUTING_WARM_UP_TOKENS:
+        route(num_tokens)
+    compiled = variants()
+    for num_tokens in (1, 3, 64, 256, 1024, 1025, 2048, 8192, 16385):
+        route(num_tokens)
+    assert variants() == compiled
+
+
 def reference_moe(
     x, w13, w2, weights, ids, activation="silu", w13_bias=None, w2_bias=None, fake_quant=None
 ):

@@ -106,12 +106,13 @@ def test_atom_matches_hf_with_radix_cache(runs, expected, architecture):
 def test_atom_kernels_warm_up_before_the_first_request(runs, architecture):
     """ATOM's start-up warm-up ran in SGLang's scheduler before the engine took requests: the prefill
     and extend attention kernels once per layer geometry (the tiny models' layers are alike), and for
-    MoE models the fused MoE. (Which kernels and tensors: test_sglang_attention_backend.py.)"""
+    MoE models the routing and the fused MoE. (Which kernels and tensors: test_sglang_attention_backend.py
+    and atom-core's test_warmup.py.)"""
     result = runs["atom"][architecture]
     assert "Warm-up before serving: prefill and extend attention kernels of 1 layer shape(s) in" in (
         result["startup_log"])
     # Three expert layers: all of the tiny model's (TINY_OVERRIDES drops its dense layer).
-    moe_warm_up = "Warm-up before serving: fused MoE of 3 expert layer(s) in" in result["startup_log"]
+    moe_warm_up = "Warm-up before serving: routing and fused MoE of 3 expert layer(s) in" in result["startup_log"]
     assert moe_warm_up == (architecture == "Qwen3MoeForCausalLM")
     assert "Warm-up before serving" not in result["serving_log"]
 

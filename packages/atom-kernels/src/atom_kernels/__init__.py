@@ -50,11 +50,12 @@ from atom_kernels.rope import (
     yarn_inv_freq,
     yarn_mscale,
 )
-from atom_kernels.routing import grouped_topk, router_logits, topk_softmax
+from atom_kernels.routing import ROUTING_WARM_UP_TOKENS, grouped_topk, router_logits, topk_softmax
 from atom_kernels.short_conv import causal_conv1d, causal_conv1d_decode
 
 __all__ = [
     "OPS",
+    "ROUTING_WARM_UP_TOKENS",
     "BackendUnavailableError",
     "backend_report",
     "backend_report_line",

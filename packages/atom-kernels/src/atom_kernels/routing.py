@@ -192,6 +192,14 @@ def _routing_outputs(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Ten
     )
 
 
+# Grouped top-k runs one row per program up to this many tokens, eight per program above it.
+_GROUPED_ONE_ROW_TOKENS = 1024
+# One token count per launch config of the routing kernels: a start-up warm-up that routes each
+# count compiles every variant serving can launch (SGLang has no warm-up pass of its own at prefill
+# sizes: Moonlight's first long prefill compiled the eight-row grouped top-k while serving).
+ROUTING_WARM_UP_TOKENS = (1, _GROUPED_ONE_ROW_TOKENS + 1)
+
+
 def _routing_launch(e_p2: int, num_tokens: int, grouped: bool) -> tuple[int, int]:
     """(rows per program, warps). Routing is a latency-bound chain of reductions over each row, so a
     row's reductions stay inside one warp and the rows spread over many programs. From an H200 sweep
@@ -200,7 +208,7 @@ def _routing_launch(e_p2: int, num_tokens: int, grouped: bool) -> tuple[int, int
     rewrite) took 2.6-2.8 us with one row on one warp up to 256 tokens, 4.4-4.5 us with 16 rows on 4
     warps; packing rows won only from a few thousand tokens (9.9 vs 13.7 us at 8192)."""
     if grouped:
-        return (1, 1) if num_tokens <= 1024 else (8, 4)
+        return (1, 1) if num_tokens <= _GROUPED_ONE_ROW_TOKENS else (8, 4)
     return 4, max(1, min(4, e_p2 // 32))
 
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from atom_core.hosting.build import build_atom_model
 from atom_core.hosting.takeover import new_wrapper_or_host_model
-from atom_core.hosting.warmup import log_warm_up, warm_up_fused_moe_layers
+from atom_core.hosting.warmup import log_warm_up, warm_up_moe_layers
 from atom_sglang.config_translation import atom_config_from_sglang, takeover_decision
 from atom_sglang.host_hooks import install_sglang_hooks
 from atom_sglang.prefill_graph import PrefillBody, keep_prefill_eager
@@ -58,15 +58,16 @@ def build_atom_model_in_sglang(architecture: str, hf_config, prefix: str) -> nn.
     return build_atom_model(atom_config, architecture, "SGLang", prefix)
 
 
-def warm_up_fused_moe(atom_model: nn.Module) -> None:
-    """Compile the fused MoE for every batch size before serving (atom_core.hosting.warmup), from
-    SGLang's hook right after loading (``precompile_kernels_after_loading``). Otherwise its first
-    call would: in the decode CUDA-graph capture's warm-up runs where SGLang captures, in the first
-    request where it does not."""
+def warm_up_moe(atom_model: nn.Module) -> None:
+    """Compile the routing and the fused MoE for every batch size before serving
+    (atom_core.hosting.warmup), from SGLang's hook right after loading
+    (``precompile_kernels_after_loading``). Otherwise their first call at a new size would: in the
+    decode CUDA-graph capture's warm-up runs where SGLang captures, in the first request where it
+    does not."""
     start = time.perf_counter()
-    expert_layers = warm_up_fused_moe_layers(atom_model, atom_model.model.embed_tokens.weight.dtype)
+    expert_layers = warm_up_moe_layers(atom_model, atom_model.model.embed_tokens.weight.dtype)
     if expert_layers:
-        log_warm_up(f"fused MoE of {expert_layers} expert layer(s)", time.perf_counter() - start)
+        log_warm_up(f"routing and fused MoE of {expert_layers} expert layer(s)", time.perf_counter() - start)
 
 
 class ATOMForCausalLM(nn.Module):
@@ -106,7 +107,7 @@ class ATOMForCausalLM(nn.Module):
         return self.logits_processor(input_ids, hidden_states, self.atom_model.lm_head, forward_batch)
 
     def precompile_kernels_after_loading(self) -> None:
-        warm_up_fused_moe(self.atom_model)
+        warm_up_moe(self.atom_model)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return {f"atom_model.{name}" for name in self.atom_model.load_weights(weights)}

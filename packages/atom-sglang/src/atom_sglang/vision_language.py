@@ -30,7 +30,7 @@ from atom_sglang.model_wrapper import (
     build_atom_model_in_sglang,
     entry_class,
     new_atom_or_sglang_model,
-    warm_up_fused_moe,
+    warm_up_moe,
 )
 from atom_sglang.prefill_graph import keep_prefill_eager
 from atom_sglang.resolved_args import server_args_in_effect
@@ -77,7 +77,7 @@ class VisionLanguageWrapper:
         self.lm_head = self.model.atom_model.lm_head  # in place of the head SGLang's constructor made
 
     def precompile_kernels_after_loading(self) -> None:
-        warm_up_fused_moe(self.model.atom_model)
+        warm_up_moe(self.model.atom_model)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The vision tower's tensors (``model.visual.*``) through SGLang's loader, the others (the

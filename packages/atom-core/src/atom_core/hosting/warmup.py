@@ -139,14 +139,17 @@ def run_gated_delta_prefill_kernels(spec: GatedDeltaCoreSpec, mixed_qkv: torch.T
     return True
 
 
-def warm_up_fused_moe_layers(model: nn.Module, activation_dtype: torch.dtype) -> int:
-    """Compile the fused MoE of every expert layer of ``model`` for each tuned tile config of its
-    shape (:func:`atom_kernels.warm_up_fused_moe`: prefill sizes pick other tiles than decode sizes;
-    nothing to compile off CUDA); ``activation_dtype``: the dtype of the activations the experts
-    get. The number of expert layers."""
+def warm_up_moe_layers(model: nn.Module, activation_dtype: torch.dtype) -> int:
+    """Compile the routing and the fused MoE of every expert layer of ``model`` before serving: the
+    router at each of its launch configs (:meth:`TopKRouter.warm_up`), the experts at each tuned tile
+    config of their shape (:func:`atom_kernels.warm_up_fused_moe`: prefill sizes pick other tiles than
+    decode sizes; nothing to compile off CUDA). ``activation_dtype``: the dtype of the hidden states
+    the layers get. The number of expert layers."""
     blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
-    for block in blocks:
-        block.experts.warm_up(block.gate.top_k, activation_dtype)
+    with torch.no_grad():
+        for block in blocks:
+            block.gate.warm_up(activation_dtype)
+            block.experts.warm_up(block.gate.top_k, activation_dtype)
     return len(blocks)
 
 

@@ -119,6 +119,15 @@ class TopKRouter(nn.Module):
             self.scoring, self.e_score_correction_bias, self.routed_scaling_factor,
         )
 
+    def warm_up(self, activation_dtype: torch.dtype) -> None:
+        """Route zeros at each token count of ``atom_kernels.ROUTING_WARM_UP_TOKENS``, so that every
+        launch config of the routing kernels compiles before serving; nothing while a CUDA graph is
+        being captured (compiling is not capturable)."""
+        if self.weight.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        for num_tokens in atom_kernels.ROUTING_WARM_UP_TOKENS:
+            self(torch.zeros(num_tokens, self.weight.shape[1], dtype=activation_dtype, device=self.weight.device))
+
 
 class FusedMoE(nn.Module):
     """Routed experts: ``sum_k w_k * down_k(act(gate_up_k(x)))``, column/row split across TP ranks.
