@@ -5,8 +5,9 @@ its engines spawn scheduler processes. The runs of one spec share the process (o
 another) to pay SGLang's import once. ``python sglang_runner.py '<json spec>'`` with spec
 ``{"runs": [{"model", "phases", "max_tokens", "engine_kwargs"}]}``: each phase is one ``generate``
 call over a list of token-id prompts, so later phases can hit the radix cache filled by earlier ones
-(a phase with ``{"text", "image"}`` prompts among them sends each prompt as its own request, all at
-once, which the scheduler batches: SGLang's processor expands each image in the text);
+(a phase with ``{"text", "image"}`` or ``{"ids", "image"}`` prompts among them sends each prompt as
+its own request, all at once, which the scheduler batches: SGLang's processor expands each image's
+placeholder);
 ``"prompt_logprobs": true`` in a run returns each prompt token's log-probability after the first;
 ``"return_hidden_states": true`` each output's hidden states (the engine needs
 ``enable_return_hidden_states``); ``"weight_updates"``, one entry per phase (null or as
@@ -85,7 +86,8 @@ def generate(engine, prompts: list, params: dict, **extra) -> list[dict]:
     def request(prompt) -> dict:
         if isinstance(prompt, list):
             return {"input_ids": prompt}
-        return {"prompt": prompt["text"], "image_data": prompt.get("image")}
+        tokens = {"input_ids": prompt["ids"]} if "ids" in prompt else {"prompt": prompt["text"]}
+        return {**tokens, "image_data": prompt.get("image")}
 
     async def together() -> list[dict]:
         return await asyncio.gather(*(engine.async_generate(**request(prompt), sampling_params=params, **extra)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,12 @@ READY_MARKER = "SGLANG_RUNNER_ENGINE_READY"
 # (ci/common.sh sets one), else one in the temporary directory.
 PYCACHE_DIR = os.environ.get("PYTHONPYCACHEPREFIX") or os.path.join(tempfile.gettempdir(),
                                                                      "atom-sglang-tests-pycache")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def sglang_env(cpu_engine: bool = True, **overrides: str) -> dict[str, str]:

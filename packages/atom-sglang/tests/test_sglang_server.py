@@ -4,14 +4,13 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-from sglang_testing import sglang_env
+from sglang_testing import free_port, sglang_env
 
 from atom_core.testing.reference import hf_greedy
 
@@ -19,12 +18,6 @@ pytestmark = pytest.mark.sglang
 
 PROMPT_IDS = [17, 120, 33, 250, 9, 77, 301, 5, 42]
 MAX_TOKENS = 32
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, payload: dict) -> dict:

@@ -18,7 +18,7 @@ from test_vllm_parity import make_prompts, tokens_of
 from vllm.engine.arg_utils import EngineArgs
 from vllm_testing import hf_greedy, needs_torchvision, run_vllm
 
-from atom_core.testing.hf_classes import hf_reference_model
+from atom_core.testing.reference import hf_greedy_on_embeddings
 from atom_core.testing.tiny_models import VOCAB_SIZE
 from atom_core.testing.tiny_vision_language import (
     KIMI_K25_INT4_QUANTIZATION,
@@ -66,27 +66,10 @@ def test_images_through_vllms_tower_match_hf_on_its_embeddings(tiny_model_dir, t
     (first, second, text_only), (again,) = result["phases"]
     subprocess.run([sys.executable, TOWER_REFERENCE, model, str(tmp_path / "embeddings.pt"), *images], check=True)
     embeddings = torch.load(tmp_path / "embeddings.pt")
-    assert [first["tokens"], second["tokens"]] == hf_greedy_on_embeddings(text, ids, embeddings, MAX_TOKENS)
+    assert [first["tokens"], second["tokens"]] == hf_greedy_on_embeddings(text, ids, MEDIA, embeddings, MAX_TOKENS)
     assert first["tokens"] != second["tokens"]  # the image matters
     assert text_only["tokens"] == hf_greedy(text, [ids[:4] + ids[5:]], MAX_TOKENS)[0]
     assert again["tokens"] == first["tokens"] and again["num_cached_tokens"] > 0
-
-
-def hf_greedy_on_embeddings(text_model: str, ids: list[int], embeddings: list[torch.Tensor],
-                            max_tokens: int) -> list[list[int]]:
-    """HF's greedy tokens for ``ids`` with its one MEDIA token expanded to each image's embedding rows."""
-    hf = hf_reference_model(text_model)
-    at = ids.index(MEDIA)
-    outputs = []
-    with torch.no_grad():
-        for rows in embeddings:
-            expanded = torch.tensor([ids[:at] + [MEDIA] * len(rows) + ids[at + 1:]])
-            inputs = hf.get_input_embeddings()(expanded)
-            inputs[0, at:at + len(rows)] = rows
-            out = hf.generate(inputs_embeds=inputs, attention_mask=torch.ones_like(expanded), do_sample=False,
-                              max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0)
-            outputs.append(out[0].tolist())
-    return outputs
 
 
 @pytest.mark.parametrize("quantization, reasons", [

@@ -27,6 +27,27 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list
     return outputs
 
 
+def hf_greedy_on_embeddings(model_dir: str, ids: list[int], placeholder: int, embeddings: list[torch.Tensor],
+                            max_tokens: int) -> list[list[int]]:
+    """HF transformers greedy decoding of ``ids`` once per image, its one ``placeholder`` token
+    expanded to that image's embedding rows (``embeddings``: one [rows, hidden] tensor per image), as
+    the hosts place image embeddings."""
+    from atom_core.testing.hf_classes import hf_reference_model
+
+    model = hf_reference_model(model_dir)
+    at = ids.index(placeholder)
+    outputs = []
+    with torch.no_grad():
+        for rows in embeddings:
+            expanded = torch.tensor([ids[:at] + [placeholder] * len(rows) + ids[at + 1:]])
+            inputs = model.get_input_embeddings()(expanded)
+            inputs[0, at:at + len(rows)] = rows
+            out = model.generate(inputs_embeds=inputs, attention_mask=torch.ones_like(expanded), do_sample=False,
+                                 max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0)
+            outputs.append(out[0].tolist())
+    return outputs
+
+
 def atom_logits(model_dir: str, dtype: torch.dtype = torch.float32):
     """ATOM's model alone (torch kernels, no host engine) in ``dtype``: a function from one
     sequence's token ids to its logits [len, vocab]. The reference for checkpoints HF transformers
