@@ -44,9 +44,11 @@ def test_topk_softmax(backend, dtype, num_tokens, num_experts, top_k, renormaliz
 
 
 def hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, norm, scaling):
-    """HF transformers' DeepseekV3TopkRouter with an identity gate, so its logits are ours."""
+    """HF transformers' DeepSeek-V3 routing with an identity gate, so its logits are ours. Recent
+    transformers pick the experts in ``DeepseekV3TopkRouter``; earlier 5.x releases (SGLang 0.5.17 pins
+    5.12) in ``DeepseekV3MoE.route_tokens_to_experts``, from the router's logits."""
     transformers = pytest.importorskip("transformers")
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 
     num_experts = logits.shape[1]
     config = transformers.DeepseekV3Config(
@@ -57,12 +59,17 @@ def hf_deepseek_v3_router(logits, bias, top_k, n_group, topk_group, norm, scalin
         topk_group=topk_group,
         norm_topk_prob=norm,
         routed_scaling_factor=scaling,
+        moe_intermediate_size=1,  # the experts are not run
     )
-    router = DeepseekV3TopkRouter(config).to(DEVICE)
+    moe = DeepseekV3MoE(config).to(DEVICE)
     with torch.no_grad():
-        router.weight.copy_(torch.eye(num_experts))
-        router.e_score_correction_bias.copy_(bias)
-        _, weights, ids = router(logits.float())
+        moe.gate.weight.copy_(torch.eye(num_experts))
+        moe.gate.e_score_correction_bias.copy_(bias)
+        routed = moe.gate(logits.float())
+        if isinstance(routed, tuple):
+            _, weights, ids = routed
+        else:
+            ids, weights = moe.route_tokens_to_experts(routed)
     return weights, ids
 
 
