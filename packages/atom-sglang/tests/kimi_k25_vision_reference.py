@@ -17,12 +17,23 @@ from sglang_testing import free_port
 from transformers import AutoProcessor
 
 
+def publish_as_scheduler(server_args: ServerArgs) -> None:
+    """SGLang 0.5.23's layers read this process's place in the parallel groups from a runtime context,
+    which its scheduler publishes before it builds the model (0.5.17 has none)."""
+    try:
+        from sglang.srt.runtime_context import SpawnRanks, publish
+    except ImportError:
+        return
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+
+
 def main(model_dir: str, out_file: str, images: list[str]) -> None:
     server_args = ServerArgs(model_path=model_dir, device="cpu", trust_remote_code=True)
     set_global_server_args_for_scheduler(server_args)
+    publish_as_scheduler(server_args)
     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                  distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
-    initialize_model_parallel(1)
+    initialize_model_parallel()
     from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration, mm_projection_auto
 
     config = ModelConfig.from_server_args(server_args).hf_config
