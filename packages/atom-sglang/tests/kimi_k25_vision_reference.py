@@ -18,8 +18,9 @@ from transformers import AutoProcessor
 
 
 def publish_as_scheduler(server_args: ServerArgs) -> None:
-    """SGLang 0.5.23's layers read this process's place in the parallel groups from a runtime context,
-    which its scheduler publishes before it builds the model (0.5.17 has none)."""
+    """SGLang 0.5.23's layers read this process's ranks in the parallel groups from the runtime
+    context its scheduler publishes with them (``SpawnRanks``) before it builds the model. 0.5.17's
+    context carries no ranks (no ``SpawnRanks``): its layers read the groups, nothing to publish."""
     try:
         from sglang.srt.runtime_context import SpawnRanks, publish
     except ImportError:
